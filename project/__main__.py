@@ -1,0 +1,3 @@
+from project.cli import main
+
+main()

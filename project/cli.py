@@ -1,0 +1,64 @@
+"""The command line: LightningCLI with this project's wiring.
+
+``python -m project {fit,validate,test,predict} --config configs/digits.yaml [--key value ...]``.
+Every config key is a constructor argument of the Trainer, the model, the data module or the
+checkpoint callback; this file only links them together and guards the run folder.
+"""
+
+import os
+import sys
+from pathlib import Path
+
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+
+from project.callbacks import TestMetricsWriter
+from project.data import InMemoryDataModule
+from project.module import ClassificationModule
+
+
+def checkpoint_dir(root_dir: str | None) -> str:
+    """Checkpoints live in one fixed folder per run, so ``--ckpt_path last`` always finds ``last.ckpt``."""
+    return os.path.join(root_dir or os.getcwd(), "checkpoints")
+
+
+class ProjectCLI(LightningCLI):
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.set_defaults({"checkpoint.save_last": True, "checkpoint.monitor": "val_acc", "checkpoint.mode": "max"})
+        parser.link_arguments("trainer.default_root_dir", "checkpoint.dirpath", compute_fn=checkpoint_dir)
+        parser.link_arguments("trainer.default_root_dir", "trainer.logger.init_args.save_dir")
+        parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
+        parser.link_arguments("data.num_classes", "model.network.init_args.num_classes", apply_on="instantiate")
+        parser.link_arguments("data.input_shape", "model.network.init_args.input_shape", apply_on="instantiate")
+
+    def instantiate_classes(self) -> None:
+        try:
+            super().instantiate_classes()
+        except (MisconfigurationException, ValueError, TypeError) as error:
+            self.parser.error(f"invalid configuration: {error}")
+
+    def before_fit(self) -> None:
+        """Refuse to start a fresh run on top of an earlier one's checkpoints."""
+        ckpt_dir = Path(self.config.fit.checkpoint.dirpath)
+        if self.config.fit.ckpt_path is None and any(ckpt_dir.glob("*.ckpt")):
+            self.parser.error(
+                f"the run folder already holds checkpoints ({ckpt_dir}); resume with --ckpt_path last"
+                " or choose a new --trainer.default_root_dir"
+            )
+
+
+def main(args: list[str] | None = None) -> None:
+    ProjectCLI(
+        ClassificationModule,
+        InMemoryDataModule,
+        subclass_mode_data=True,
+        trainer_defaults={"use_distributed_sampler": False, "callbacks": [TestMetricsWriter()]},
+        save_config_kwargs={"overwrite": False},
+        args=args,
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

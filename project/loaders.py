@@ -1,0 +1,56 @@
+"""A batch loader for data sets that fit in memory.
+
+torch's DataLoader fetches samples one by one through ``__getitem__`` and collates them; for small
+tensors that Python overhead dominates a training step. ``TensorBatchLoader`` slices whole batches out
+of pre-loaded tensors instead, in the order of the same sampler a DataLoader would use, so sharding,
+shuffling and ``set_epoch`` (which Lightning calls through ``loader.sampler``) behave identically.
+"""
+
+from collections.abc import Iterator, Sized
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.utils.data import Sampler
+
+
+class TensorBatchLoader:
+    """Yields ``[tensor[idx] for tensor in tensors]`` for batches of sampler indices.
+
+    It is stateful (``state_dict``/``load_state_dict``): Lightning saves how many batches of the
+    current epoch were consumed, so a run resumed from a mid-epoch checkpoint continues exactly.
+    """
+
+    def __init__(
+        self, tensors: tuple[Tensor, ...], sampler: Sampler[int], batch_size: int, drop_last: bool = False
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.tensors = tensors
+        self.sampler = sampler
+        self.batch_sampler = None  # Lightning inspects DataLoader-like objects for this attribute
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self._batches_done = 0
+        self._batches_to_skip = 0
+
+    def __len__(self) -> int:
+        num_samples = len(self.sampler) if isinstance(self.sampler, Sized) else len(self.tensors[0])
+        if self.drop_last:
+            return num_samples // self.batch_size
+        return -(-num_samples // self.batch_size)
+
+    def __iter__(self) -> Iterator[list[Tensor]]:
+        indices = torch.as_tensor(list(self.sampler), dtype=torch.long)
+        skip, self._batches_to_skip = self._batches_to_skip, 0
+        self._batches_done = skip
+        for start in range(skip * self.batch_size, len(self) * self.batch_size, self.batch_size):
+            batch = indices[start : start + self.batch_size]
+            self._batches_done += 1
+            yield [tensor[batch] for tensor in self.tensors]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"batches_done": self._batches_done}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._batches_to_skip = state["batches_done"]

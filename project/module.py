@@ -1,0 +1,86 @@
+"""The LightningModule: an injected network trained with cross-entropy and (by default) SGD.
+
+Metrics are torchmetrics objects, one per stage, logged as objects: each rank accumulates its
+own counts and they are summed across ranks once, at epoch end. No per-step collective runs,
+so ranks with uneven evaluation shards never wait on each other.
+"""
+
+from typing import Any
+
+import torch
+from lightning.pytorch import LightningModule
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from torch import Tensor, nn
+from torchmetrics import MeanMetric
+from torchmetrics.classification import MulticlassAccuracy
+
+
+class ClassificationModule(LightningModule):
+    """Classifies with ``network``; ``optimizer`` and ``scheduler`` come from config.
+
+    Args:
+        network: any ``nn.Module`` mapping a batch of inputs to ``num_classes`` logits.
+        num_classes: linked from the data module by the CLI.
+        label_smoothing: passed to ``CrossEntropyLoss``.
+        optimizer: called with the parameters; SGD by default (lr, momentum, ... in the config).
+        scheduler: optional, called with the optimizer; stepped once per epoch.
+    """
+
+    def __init__(
+        self,
+        network: nn.Module,
+        num_classes: int,
+        label_smoothing: float = 0.0,
+        optimizer: OptimizerCallable = torch.optim.SGD,
+        scheduler: LRSchedulerCallable | None = None,
+    ) -> None:
+        super().__init__()
+        # With LightningCLI this stores the parsed config (class paths, not objects): weights-only safe.
+        self.save_hyperparameters()
+        self.network = network
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.loss_fn = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
+        # average="micro" is plain accuracy; torchmetrics' default ("macro") is per-class mean.
+        self.train_acc = MulticlassAccuracy(num_classes, average="micro")
+        self.val_acc = MulticlassAccuracy(num_classes, average="micro")
+        self.test_acc = MulticlassAccuracy(num_classes, average="micro")
+        self.val_loss = MeanMetric()
+        self.test_loss = MeanMetric()
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.network(x)
+
+    def training_step(self, batch: list[Tensor], batch_idx: int) -> Tensor:
+        x, y = batch
+        logits = self(x)
+        loss = self.loss_fn(logits, y)
+        self.train_acc(logits, y)
+        self.log("train_loss", loss, prog_bar=True)
+        self.log("train_acc", self.train_acc, on_step=False, on_epoch=True)
+        return loss
+
+    def validation_step(self, batch: list[Tensor], batch_idx: int) -> None:
+        self._evaluate(batch, "val")
+
+    def test_step(self, batch: list[Tensor], batch_idx: int) -> None:
+        self._evaluate(batch, "test")
+
+    def predict_step(self, batch: list[Tensor], batch_idx: int) -> Tensor:
+        return self(batch[0]).argmax(dim=1)
+
+    def _evaluate(self, batch: list[Tensor], stage: str) -> None:
+        x, y = batch
+        logits = self(x)
+        # Weighted by batch size so the epoch loss is the exact per-sample mean across all ranks.
+        mean_loss, accuracy = getattr(self, f"{stage}_loss"), getattr(self, f"{stage}_acc")
+        mean_loss(self.loss_fn(logits, y), weight=len(y))
+        accuracy(logits, y)
+        self.log(f"{stage}_loss", mean_loss, prog_bar=True)
+        self.log(f"{stage}_acc", accuracy, prog_bar=True)
+
+    def configure_optimizers(self) -> Any:
+        optimizer = self.optimizer(self.parameters())
+        if self.scheduler is None:
+            return optimizer
+        return {"optimizer": optimizer, "lr_scheduler": self.scheduler(optimizer)}
