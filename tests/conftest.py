@@ -1,0 +1,63 @@
+"""Shared fixtures: a clean environment per test and a runner for real `python -m project` processes."""
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DIGITS_CONFIG = REPO / "configs" / "digits.yaml"
+# Variables Lightning or a launcher leaves behind; a leftover LOCAL_RANK fakes an external launcher.
+LAUNCHER_VARS = ("LOCAL_RANK", "NODE_RANK", "GLOBAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "PL_GLOBAL_SEED")
+
+
+@pytest.fixture(autouse=True)
+def restore_environ():
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def project_env(**extra: str) -> dict[str, str]:
+    """The environment for a child run: no launcher leftovers, no SLURM, one thread per rank."""
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS and not k.startswith("SLURM_")}
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", MASTER_PORT=str(free_port()))
+    env.update(extra)
+    return env
+
+
+def run_project(*args: str, cwd: Path, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Runs `python -m project ARGS` to completion and returns it (stdout and stderr captured)."""
+    return subprocess.run(
+        [sys.executable, "-m", "project", *args],
+        cwd=cwd,
+        env=env or project_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def quick_args(run_dir: Path, *extra: str) -> list[str]:
+    """Flags for a fast digits run into RUN_DIR: no progress bar, no sanity check."""
+    return [
+        "--config",
+        str(DIGITS_CONFIG),
+        "--trainer.default_root_dir",
+        str(run_dir),
+        "--trainer.enable_progress_bar",
+        "false",
+        "--trainer.num_sanity_val_steps",
+        "0",
+        *extra,
+    ]
