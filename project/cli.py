@@ -17,6 +17,9 @@ from project.callbacks import TestMetricsWriter
 from project.data import InMemoryDataModule
 from project.module import ClassificationModule
 
+# Names Trainer.fit/test/... resolve themselves instead of reading a file.
+LIGHTNING_CKPT_ALIASES = ("last", "best", "hpc", "registry")
+
 
 def checkpoint_dir(root_dir: str | None) -> str:
     """Checkpoints live in one fixed folder per run, so ``--ckpt_path last`` always finds ``last.ckpt``."""
@@ -32,6 +35,12 @@ class ProjectCLI(LightningCLI):
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
         parser.link_arguments("data.num_classes", "model.network.init_args.num_classes", apply_on="instantiate")
         parser.link_arguments("data.input_shape", "model.network.init_args.input_shape", apply_on="instantiate")
+
+    def before_instantiate_classes(self) -> None:
+        """Fail before anything is built or written when a checkpoint file named on the command line is missing."""
+        ckpt_path = self._get(self.config, "ckpt_path")
+        if ckpt_path and ckpt_path not in LIGHTNING_CKPT_ALIASES and not Path(ckpt_path).is_file():
+            self.parser.error(f"checkpoint file not found: {ckpt_path}")
 
     def instantiate_classes(self) -> None:
         try:

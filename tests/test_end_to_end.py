@@ -1,0 +1,52 @@
+"""The README's path, for real: fit with DDP on 2 CPU processes, then test the checkpoint on 1, 2, 3."""
+
+import json
+
+import pytest
+import torch
+from conftest import REPO, quick_args, run_project
+
+
+@pytest.fixture(scope="module")
+def ddp_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("ddp_fit")
+    result = run_project("fit", *quick_args(run_dir, "--trainer.devices", "2"), cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def test_metrics(ddp_run, tmp_path_factory):
+    """Test metrics of the DDP run's last checkpoint, evaluated on 1, 2 and 3 processes."""
+    metrics = {}
+    for devices in (1, 2, 3):
+        run_dir = tmp_path_factory.mktemp(f"test_{devices}")
+        ckpt = str(ddp_run / "checkpoints" / "last.ckpt")
+        result = run_project(
+            "test", *quick_args(run_dir, "--trainer.devices", str(devices), "--ckpt_path", ckpt), cwd=REPO
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        [path] = run_dir.glob("lightning_logs/version_*/test_metrics.json")
+        metrics[devices] = json.loads(path.read_text())
+        assert str(path) in result.stdout  # printed as well as written
+    return metrics
+
+
+def test_ddp_fit_writes_last_checkpoint_after_every_epoch(ddp_run):
+    ckpt = torch.load(ddp_run / "checkpoints" / "last.ckpt", weights_only=True)
+    # 20 epochs of ceil(1258 / 2 ranks / 64 per batch) = 10 steps each.
+    assert ckpt["epoch"] == 19 and ckpt["global_step"] == 200
+    assert any(key.startswith("network.") for key in ckpt["state_dict"])
+    [config] = ddp_run.glob("lightning_logs/version_0/config.yaml")
+    assert "project.networks.MLP" in config.read_text()
+
+
+def test_checkpoint_reaches_the_target_accuracy(test_metrics):
+    assert test_metrics[1]["test_acc"] >= 0.90
+
+
+def test_accuracy_is_identical_on_one_two_and_three_processes(test_metrics):
+    # 359 test samples: not divisible by 2 or 3, so a padding sampler would change the result.
+    assert test_metrics[1]["test_acc"] == test_metrics[2]["test_acc"] == test_metrics[3]["test_acc"]
+    assert test_metrics[2]["test_loss"] == pytest.approx(test_metrics[1]["test_loss"], rel=1e-5)
+    assert test_metrics[3]["test_loss"] == pytest.approx(test_metrics[1]["test_loss"], rel=1e-5)

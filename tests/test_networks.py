@@ -1,0 +1,20 @@
+import pytest
+import torch
+
+from project.networks import MLP, SmallCNN
+
+
+@pytest.mark.parametrize("network_class", [MLP, SmallCNN])
+@pytest.mark.parametrize("input_shape", [(1, 8, 8), (3, 28, 28)])
+def test_networks_map_a_batch_to_logits(network_class, input_shape):
+    network = network_class(num_classes=7, input_shape=input_shape)
+    logits = network(torch.randn(5, *input_shape))
+    assert logits.shape == (5, 7)
+    logits.sum().backward()
+    assert all(p.grad is not None for p in network.parameters())
+
+
+def test_mlp_hidden_sizes_define_the_layers():
+    network = MLP(num_classes=10, input_shape=(1, 8, 8), hidden_sizes=(32, 16, 8))
+    widths = [(m.in_features, m.out_features) for m in network.modules() if isinstance(m, torch.nn.Linear)]
+    assert widths == [(64, 32), (32, 16), (16, 8), (8, 10)]
