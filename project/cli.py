@@ -29,7 +29,7 @@ def checkpoint_dir(root_dir: str | None) -> str:
 class ProjectCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
-        parser.set_defaults({"checkpoint.save_last": True, "checkpoint.monitor": "val_acc", "checkpoint.mode": "max"})
+        parser.set_defaults({"checkpoint.save_last": True})
         parser.link_arguments("trainer.default_root_dir", "checkpoint.dirpath", compute_fn=checkpoint_dir)
         parser.link_arguments("trainer.default_root_dir", "trainer.logger.init_args.save_dir")
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
