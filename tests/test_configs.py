@@ -1,0 +1,22 @@
+"""Every shipped config parses into real constructor arguments (jsonargparse rejects unknown keys)."""
+
+import yaml
+from conftest import DIGITS_CONFIG, REPO, run_project
+
+
+def _print_config(*configs) -> dict:
+    args = [arg for config in configs for arg in ("--config", str(config))]
+    result = run_project("fit", *args, "--print_config", cwd=REPO, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return yaml.safe_load(result.stdout)
+
+
+def test_gpu_overlay_selects_nccl_ddp_on_all_gpus():
+    config = _print_config(DIGITS_CONFIG, REPO / "configs" / "gpu.yaml")
+    trainer = config["trainer"]
+    assert trainer["accelerator"] == "gpu" and trainer["devices"] == -1
+    assert trainer["strategy"]["class_path"] == "lightning.pytorch.strategies.DDPStrategy"
+    assert trainer["strategy"]["init_args"]["process_group_backend"] == "nccl"
+    # The base config's model and data are kept.
+    assert config["model"]["network"]["class_path"] == "project.networks.MLP"
+    assert config["checkpoint"]["save_last"] is True
