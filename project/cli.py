@@ -8,12 +8,14 @@ checkpoint callback; this file only links them together and guards the run folde
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch import Trainer
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
-from project.callbacks import TestMetricsWriter
+from project.callbacks import PredictionsWriter, TestMetricsWriter
 from project.data import InMemoryDataModule
 from project.module import ClassificationModule
 
@@ -48,6 +50,13 @@ class ProjectCLI(LightningCLI):
         except (MisconfigurationException, ValueError, TypeError) as error:
             self.parser.error(f"invalid configuration: {error}")
 
+    def instantiate_trainer(self, **kwargs: Any) -> Trainer:
+        """Adds a learning-rate monitor whenever the run has a logger (Lightning's raises without one)."""
+        trainer = super().instantiate_trainer(**kwargs)
+        if trainer.loggers:
+            trainer.callbacks.append(LearningRateMonitor())
+        return trainer
+
     def before_fit(self) -> None:
         """Refuse to start a fresh run on top of an earlier one's checkpoints."""
         ckpt_dir = Path(self.config.fit.checkpoint.dirpath)
@@ -63,7 +72,7 @@ def main(args: list[str] | None = None) -> None:
         ClassificationModule,
         InMemoryDataModule,
         subclass_mode_data=True,
-        trainer_defaults={"use_distributed_sampler": False, "callbacks": [TestMetricsWriter()]},
+        trainer_defaults={"use_distributed_sampler": False, "callbacks": [TestMetricsWriter(), PredictionsWriter()]},
         save_config_kwargs={"overwrite": False},
         args=args,
     )

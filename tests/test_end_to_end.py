@@ -6,6 +6,8 @@ import pytest
 import torch
 from conftest import REPO, quick_args, run_project
 
+from project.data import DigitsDataModule
+
 
 @pytest.fixture(scope="module")
 def ddp_run(tmp_path_factory):
@@ -50,3 +52,17 @@ def test_accuracy_is_identical_on_one_two_and_three_processes(test_metrics):
     assert test_metrics[1]["test_acc"] == test_metrics[2]["test_acc"] == test_metrics[3]["test_acc"]
     assert test_metrics[2]["test_loss"] == pytest.approx(test_metrics[1]["test_loss"], rel=1e-5)
     assert test_metrics[3]["test_loss"] == pytest.approx(test_metrics[1]["test_loss"], rel=1e-5)
+
+
+def test_predict_on_two_processes_writes_every_test_sample_in_order(ddp_run, test_metrics, tmp_path):
+    ckpt = str(ddp_run / "checkpoints" / "last.ckpt")
+    result = run_project("predict", *quick_args(tmp_path, "--trainer.devices", "2", "--ckpt_path", ckpt), cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    [path] = tmp_path.glob("lightning_logs/version_*/predictions.csv")
+    rows = [line.split(",") for line in path.read_text().splitlines()[1:]]
+    assert [int(index) for index, _ in rows] == list(range(359))
+    data = DigitsDataModule()
+    data.setup("predict")
+    labels = data.splits["test"].tensors[1]
+    predictions = torch.tensor([int(pred) for _, pred in rows])
+    assert (predictions == labels).float().mean().item() == pytest.approx(test_metrics[1]["test_acc"])
