@@ -66,3 +66,12 @@ def test_predict_on_two_processes_writes_every_test_sample_in_order(ddp_run, tes
     labels = data.splits["test"].tensors[1]
     predictions = torch.tensor([int(pred) for _, pred in rows])
     assert (predictions == labels).float().mean().item() == pytest.approx(test_metrics[1]["test_acc"])
+
+
+def test_saved_config_reruns_the_same_experiment(ddp_run, tmp_path):
+    saved = ddp_run / "lightning_logs" / "version_0" / "config.yaml"
+    args = ["--config", str(saved), "--trainer.default_root_dir", str(tmp_path), "--trainer.max_epochs", "1"]
+    result = run_project("fit", *args, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
+    assert ckpt["global_step"] == 10  # the saved config's 2 devices and batch size 64: 10 steps per epoch
