@@ -1,6 +1,7 @@
 """The command line: LightningCLI with this project's wiring.
 
 ``python -m project {fit,validate,test,predict} --config configs/digits.yaml [--key value ...]``.
+``python -m project doctor [...]`` reports the distributed setup instead (project/doctor.py).
 Every config key is a constructor argument of the Trainer, the model, the data module or the
 checkpoint callback; this file only links them together and guards the run folder.
 """
@@ -10,11 +11,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.strategies import ParallelStrategy
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
+from project import doctor
 from project.callbacks import PredictionsWriter, TestMetricsWriter
 from project.data import InMemoryDataModule
 from project.module import ClassificationModule
@@ -47,8 +51,15 @@ class ProjectCLI(LightningCLI):
     def instantiate_classes(self) -> None:
         try:
             super().instantiate_classes()
+            self.check_cluster_settings()
         except (MisconfigurationException, ValueError, TypeError) as error:
             self.parser.error(f"invalid configuration: {error}")
+
+    def check_cluster_settings(self) -> None:
+        """devices/num_nodes against SLURM or torchrun now: Lightning checks only at launch, with a traceback."""
+        strategy = self.trainer.strategy
+        if isinstance(strategy, ParallelStrategy) and strategy.cluster_environment is not None:
+            strategy.cluster_environment.validate_settings(self.trainer.num_devices, self.trainer.num_nodes)
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         """Adds a learning-rate monitor whenever the run has a logger (Lightning's raises without one)."""
@@ -60,7 +71,9 @@ class ProjectCLI(LightningCLI):
     def before_fit(self) -> None:
         """Refuse to start a fresh run on top of an earlier one's checkpoints."""
         ckpt_dir = Path(self.config.fit.checkpoint.dirpath)
-        if self.config.fit.ckpt_path is None and any(ckpt_dir.glob("*.ckpt")):
+        # A requeued SLURM job: Lightning resumes from the hpc_ckpt_N.ckpt it saved in default_root_dir.
+        requeued = SLURMEnvironment.detect() and any(Path(self.trainer.default_root_dir).glob("hpc_ckpt_*.ckpt"))
+        if self.config.fit.ckpt_path is None and not requeued and any(ckpt_dir.glob("*.ckpt")):
             self.parser.error(
                 f"the run folder already holds checkpoints ({ckpt_dir}); resume with --ckpt_path last"
                 " or choose a new --trainer.default_root_dir"
@@ -68,6 +81,10 @@ class ProjectCLI(LightningCLI):
 
 
 def main(args: list[str] | None = None) -> None:
+    doctor.apply_debug_switch()
+    argv = sys.argv[1:] if args is None else args
+    if argv[:1] == ["doctor"]:
+        sys.exit(doctor.main(argv[1:]))
     ProjectCLI(
         ClassificationModule,
         InMemoryDataModule,

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# torchrun: one torchrun per node; each starts DEVICES processes running `python -m project fit "$@"`.
+#
+#   one node (a local rendezvous, nothing else to set):
+#     DEVICES=8 scripts/torchrun.sh --config configs/digits.yaml
+#   several nodes: the same command on every node, NODE_RANK 0..NUM_NODES-1, all naming node 0:
+#     NUM_NODES=2 DEVICES=8 NODE_RANK=0 MASTER_ADDR=node0 MASTER_PORT=29500 scripts/torchrun.sh --config ...
+#
+# The trainer's num_nodes/devices are set from the same variables, after "$@" so that they win over the config.
+set -euo pipefail
+NUM_NODES=${NUM_NODES:-1}
+DEVICES=${DEVICES:-1}
+if [[ $NUM_NODES == 1 ]]; then
+  rendezvous=(--standalone)
+else
+  rendezvous=(
+    --node-rank "${NODE_RANK:?set NODE_RANK: 0 on the main node, 1..NUM_NODES-1 on the others}"
+    --master-addr "${MASTER_ADDR:?set MASTER_ADDR: the main node (NODE_RANK 0), reachable from every node}"
+    --master-port "${MASTER_PORT:-29500}"
+  )
+fi
+exec torchrun --nnodes "$NUM_NODES" --nproc-per-node "$DEVICES" "${rendezvous[@]}" \
+  -m project fit "$@" --trainer.num_nodes "$NUM_NODES" --trainer.devices "$DEVICES"

@@ -1,0 +1,241 @@
+"""Several nodes on one machine: two process trees on localhost through each launcher in scripts/, and SLURM faked."""
+
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from conftest import REPO, free_port, quick_args, run_project
+from fake_cluster import SCRIPTS, launcher_env, slurm_allocation
+from lightning.pytorch import Trainer
+
+from project.data import DigitsDataModule
+from project.module import ClassificationModule
+
+EPOCHS = 3
+STEPS_PER_EPOCH = 10  # ceil(1258 training samples / 2 ranks / batch 64): one rank alone would take 20
+
+
+def fit_args(run_dir: Path, *extra: str) -> list[str]:
+    return quick_args(run_dir, "--trainer.max_epochs", str(EPOCHS), *extra)
+
+
+def run_nodes(script: str, nodes: list[tuple[dict, list[str]]], logs: Path, timeout: float = 300) -> list[str]:
+    """Starts `bash scripts/SCRIPT ARGS` once per (env, args) at the same time, like one per node; returns outputs."""
+    procs = []
+    try:
+        for rank, (env, args) in enumerate(nodes):
+            with open(logs / f"node{rank}.log", "w") as log:
+                cmd = ["bash", str(SCRIPTS / script), *args]
+                procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT))
+        deadline = time.monotonic() + timeout
+        codes = [proc.wait(timeout=max(deadline - time.monotonic(), 1)) for proc in procs]
+    finally:
+        for proc in procs:
+            proc.kill()
+    outputs = [(logs / f"node{rank}.log").read_text() for rank in range(len(nodes))]
+    for rank, (code, output) in enumerate(zip(codes, outputs, strict=True)):
+        assert code == 0, f"node {rank} exited with {code}:\n{output[-3000:]}"
+    return outputs
+
+
+def checkpoint_names(run_dir: Path) -> set[str]:
+    return {path.name for path in run_dir.rglob("*.ckpt")}
+
+
+def evaluate(ckpt: Path) -> dict[str, float]:
+    """Test metrics of a checkpoint on one CPU process, with the data settings stored in the checkpoint."""
+    trainer = Trainer(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        use_distributed_sampler=False,
+    )
+    model = ClassificationModule.load_from_checkpoint(ckpt)
+    [metrics] = trainer.test(model, datamodule=DigitsDataModule.load_from_checkpoint(ckpt), verbose=False)
+    return metrics
+
+
+@pytest.fixture(scope="module")
+def single_node(tmp_path_factory) -> Path:
+    """The reference: one node with 2 processes (world size 2, as in the two-node runs)."""
+    run_dir = tmp_path_factory.mktemp("single_node")
+    run_nodes("launch_env.sh", [(launcher_env(DEVICES="2"), fit_args(run_dir / "run"))], logs=run_dir)
+    return run_dir / "run"
+
+
+@pytest.fixture(scope="module")
+def env_nodes(tmp_path_factory) -> tuple[list[Path], list[str]]:
+    """Two nodes by MASTER_ADDR/MASTER_PORT/NODE_RANK, each with its own run folder (no shared filesystem)."""
+    base = tmp_path_factory.mktemp("env_nodes")
+    port = str(free_port())
+    dirs = [base / f"node{rank}" for rank in (0, 1)]
+    nodes = [
+        (
+            launcher_env(NUM_NODES="2", DEVICES="1", NODE_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=port),
+            fit_args(dirs[rank]),
+        )
+        for rank in (0, 1)
+    ]
+    return dirs, run_nodes("launch_env.sh", nodes, logs=base)
+
+
+@pytest.fixture(scope="module")
+def torchrun_nodes(tmp_path_factory) -> tuple[Path, list[str]]:
+    """Two nodes through torchrun's static rendezvous, sharing one run folder like a shared filesystem."""
+    base = tmp_path_factory.mktemp("torchrun_nodes")
+    port = str(free_port())
+    nodes = [
+        (
+            launcher_env(NUM_NODES="2", DEVICES="1", NODE_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=port),
+            fit_args(base / "run"),
+        )
+        for rank in (0, 1)
+    ]
+    return base / "run", run_nodes("torchrun.sh", nodes, logs=base)
+
+
+def assert_world_of_two(outputs: list[str]) -> None:
+    for rank, output in enumerate(outputs):
+        assert f"Initializing distributed: GLOBAL_RANK: {rank}, MEMBER: {rank + 1}/2" in output
+
+
+def assert_trained_at_world_size_two(run_dir: Path) -> None:
+    assert checkpoint_names(run_dir) == {"last.ckpt", f"epoch={EPOCHS - 1}-step={EPOCHS * STEPS_PER_EPOCH}.ckpt"}
+    ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    assert ckpt["epoch"] == EPOCHS - 1 and ckpt["global_step"] == EPOCHS * STEPS_PER_EPOCH
+
+
+def test_two_nodes_by_environment_variables(env_nodes):
+    dirs, outputs = env_nodes
+    assert_world_of_two(outputs)
+    assert_trained_at_world_size_two(dirs[0])
+    # Only global rank 0 writes: node 1's own folder gets no checkpoint, no config, no metrics.
+    assert not dirs[1].exists() or not any(path.is_file() for path in dirs[1].rglob("*"))
+
+
+def test_two_nodes_by_torchrun(torchrun_nodes):
+    run_dir, outputs = torchrun_nodes
+    assert_world_of_two(outputs)
+    assert_trained_at_world_size_two(run_dir)
+    assert len(list(run_dir.glob("lightning_logs/version_*/config.yaml"))) == 1
+
+
+def test_two_nodes_train_like_one_node_with_two_processes(single_node, env_nodes, torchrun_nodes):
+    reference_ckpt = single_node / "checkpoints" / "last.ckpt"
+    reference = evaluate(reference_ckpt)
+    assert reference["test_acc"] > 0.5  # trained, so that matching it means something
+    reference_weights = torch.load(reference_ckpt, weights_only=True)["state_dict"]
+    for run_dir in (env_nodes[0][0], torchrun_nodes[0]):
+        ckpt = run_dir / "checkpoints" / "last.ckpt"
+        metrics = evaluate(ckpt)
+        assert metrics["test_acc"] == pytest.approx(reference["test_acc"], abs=1e-6)
+        assert metrics["test_loss"] == pytest.approx(reference["test_loss"], rel=1e-4)
+        weights = torch.load(ckpt, weights_only=True)["state_dict"]
+        for name, value in reference_weights.items():
+            torch.testing.assert_close(weights[name], value, rtol=0, atol=1e-5, msg=name)
+
+
+# SLURM, faked: tests/bin/srun starts the allocation's tasks on this machine.
+
+
+@pytest.fixture(scope="module")
+def slurm_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """scripts/slurm.sbatch in a 2-node x 1-task allocation, one epoch."""
+    run_dir = tmp_path_factory.mktemp("slurm") / "run"
+    result = sbatch(slurm_allocation(nodes=2, tasks_per_node=1), *quick_args(run_dir, "--trainer.max_epochs", "1"))
+    return run_dir, result
+
+
+def sbatch(env: dict, *args: str) -> subprocess.CompletedProcess:
+    """Runs the batch script as sbatch would, in the allocation's environment."""
+    cmd = ["bash", str(SCRIPTS / "slurm.sbatch"), *args]
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_sbatch_ranks_and_world_size_come_from_slurm(slurm_run):
+    run_dir, result = slurm_run
+    assert result.returncode == 0, result.stderr[-3000:]
+    output = result.stdout + result.stderr
+    # Every task ran under SLURMEnvironment, with SLURM_PROCID as its rank and SLURM_NTASKS as the world size.
+    assert output.count("SLURM auto-requeueing enabled") == 2
+    assert_world_of_two([output, output])
+    ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    assert ckpt["global_step"] == STEPS_PER_EPOCH
+
+
+def test_requeued_sbatch_job_resumes_from_its_hpc_checkpoint(slurm_run):
+    run_dir, _ = slurm_run
+    # What Lightning saves on the requeue signal (--signal=SIGUSR1@120) before `scontrol requeue`.
+    shutil.copy(run_dir / "checkpoints" / "last.ckpt", run_dir / "hpc_ckpt_1.ckpt")
+    env = slurm_allocation(nodes=2, tasks_per_node=1, SLURM_RESTART_COUNT="1")
+    result = sbatch(env, *quick_args(run_dir, "--trainer.max_epochs", "2"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    restored = f"Restoring states from the checkpoint path at {run_dir / 'hpc_ckpt_1.ckpt'}"
+    assert restored in result.stdout + result.stderr
+    ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    assert ckpt["global_step"] == 2 * STEPS_PER_EPOCH
+
+
+@pytest.mark.parametrize(
+    ("flag", "hint"),
+    [
+        ("--trainer.devices", "`--ntasks-per-node=1` does not match. HINT: Set `devices=1`"),
+        ("--trainer.num_nodes", "`--nodes=1` does not match. HINT: Set `num_nodes=1`"),
+    ],
+)
+def test_trainer_settings_that_contradict_the_allocation_are_refused(tmp_path, flag, hint):
+    env = slurm_allocation(nodes=1, tasks_per_node=1)
+    result = run_project("fit", *quick_args(tmp_path / "run", flag, "2"), cwd=tmp_path, env=env, timeout=120)
+    assert result.returncode != 0
+    assert "invalid configuration" in result.stderr and hint in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def _without(env: dict, *names: str) -> dict:
+    return {key: value for key, value in env.items() if key not in names}
+
+
+@pytest.mark.parametrize(
+    ("script", "env", "message"),
+    [
+        ("slurm.sbatch", _without(slurm_allocation(2, 1), "SLURM_NTASKS_PER_NODE"), "--ntasks-per-node"),
+        ("torchrun.sh", launcher_env(NUM_NODES="2", MASTER_ADDR="127.0.0.1"), "set NODE_RANK"),
+        ("launch_env.sh", launcher_env(NUM_NODES="2", NODE_RANK="0"), "set MASTER_ADDR"),
+        (
+            "launch_env.sh",
+            _without(launcher_env(NUM_NODES="2", NODE_RANK="0", MASTER_ADDR="127.0.0.1"), "MASTER_PORT"),
+            "set MASTER_PORT",
+        ),
+    ],
+)
+def test_launchers_refuse_incomplete_settings(tmp_path, script, env, message):
+    result = subprocess.run(
+        ["bash", str(SCRIPTS / script), *quick_args(tmp_path / "run")],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode != 0 and message in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_pytorchjob_runs_the_torchrun_launcher_on_every_pod():
+    job = yaml.safe_load((SCRIPTS / "pytorchjob.yaml").read_text())
+    replicas = job["spec"]["pytorchReplicaSpecs"]
+    assert replicas["Master"]["template"] == replicas["Worker"]["template"]
+    [container] = replicas["Master"]["template"]["spec"]["containers"]
+    command = " ".join(container["command"] + container["args"])
+    assert "scripts/torchrun.sh" in command
+    for variable in ("NUM_NODES=$PET_NNODES", "DEVICES=$PET_NPROC_PER_NODE", "NODE_RANK=$PET_NODE_RANK"):
+        assert variable in command
+    assert job["spec"]["nprocPerNode"] == str(container["resources"]["limits"]["nvidia.com/gpu"])
