@@ -99,7 +99,7 @@ def test_tensorboard_overlay_writes_event_files_into_the_same_layout(tmp_path):
     ],
 )
 def test_interactive_defaults_and_how_to_turn_them_off(tmp_path, monkeypatch, flags, progress_bar, lr_monitor):
-    monkeypatch.setattr(sys, "argv", ["project"])  # pytest's own arguments are not the CLI's
+    monkeypatch.setattr(sys, "argv", sys.argv[:1])  # pytest's own arguments are not the CLI's
     args = ["--config", str(DIGITS_CONFIG), "--trainer.default_root_dir", str(tmp_path), *flags]
     cli = ProjectCLI(ClassificationModule, InMemoryDataModule, subclass_mode_data=True, run=False, args=args)
     assert type(cli.trainer.progress_bar_callback) is progress_bar
