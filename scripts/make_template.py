@@ -107,7 +107,7 @@ def template_text(text: str, name: str, path: str = "") -> str:
 
 
 def template_path(path: str, name: str) -> Path:
-    """PATH with the package folder renamed to the variable: project/cli.py -> {{cookiecutter.package_name}}/cli.py."""
+    """PATH with the package folder as the variable: project/x.py -> {{cookiecutter.package_name}}/x.py."""
     parts = ["{{cookiecutter.package_name}}" if part == name else part for part in Path(path).parts]
     return Path(PROJECT_DIR, *parts)
 

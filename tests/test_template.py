@@ -97,8 +97,9 @@ def test_rendered_project_uses_the_new_names_everywhere(rendered):
     assert (project_dir / "README.md").read_text().startswith("# My Vision Lab\n\nVision experiments on many GPUs\n")
     assert (project_dir / ".ci" / "run").stat().st_mode & 0o111  # still executable
     modules = "|".join(p.stem for p in (REPO / NAME).glob("*.py") if p.stem != "__init__")
+    # Package references that should be gone; ["project"] is pyproject's [project] table, not the package.
     leftovers = re.compile(
-        rf"(?<![\w.\[-]){NAME}\.(?:{modules})\b|-m {NAME}\b|\b(?:import|from) {NAME}\b|[\"'`]{NAME}[\"'`]"
+        rf"(?<![\w.\[-]){NAME}\.(?:{modules})\b|-m {NAME}\b|\b(?:import|from) {NAME}\b|(?<!\[)[\"'`]{NAME}[\"'`](?!\])"
     )
     files = [p for p in project_dir.rglob("*") if p.is_file()]
     assert len(files) > 20
@@ -126,7 +127,8 @@ def test_rendered_project_installs_and_its_tests_and_lint_pass(rendered, venv_py
         text=True,
     )
     assert located.stdout.strip() == str(project_dir / "my_vision_lab" / "cli.py"), located.stderr
-    tests = ["tests/test_networks.py", "tests/test_samplers.py"]
+    # Fast unit tests, and this file: its rendering unit tests run there, its end-to-end ones skip (no git).
+    tests = ["tests/test_networks.py", "tests/test_samplers.py", "tests/test_template.py"]
     result = subprocess.run(
         [str(venv_python), "-m", "pytest", *tests, "-q", "-p", "no:cacheprovider"],
         cwd=project_dir,
@@ -136,7 +138,7 @@ def test_rendered_project_installs_and_its_tests_and_lint_pass(rendered, venv_py
         timeout=300,
     )
     assert result.returncode == 0, result.stdout[-3000:]
-    assert re.search(r"\b\d+ passed\b", result.stdout) and "failed" not in result.stdout
+    assert re.search(r"\b\d+ passed, 4 skipped\b", result.stdout), result.stdout[-3000:]
     lint = subprocess.run(
         [str(venv_python), "-m", "ruff", "check", "."], cwd=project_dir, capture_output=True, text=True
     )
