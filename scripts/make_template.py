@@ -40,17 +40,21 @@ REFERENCE_PATTERNS = (
     r"(?<==){name}(?![\w-])",  # option values: --job-name=project
     r"(?<=/){name}(?=:[\w.-])",  # container images: registry.example.com/project:latest
 )
-# Per-file edits that put the new project's own words in place of this one's.
-FILE_EDITS = {
-    "README.md": ((r"\A# .*", "# {{ cookiecutter.project_name }}\n\n{{ cookiecutter.description }}"),),
-    "pyproject.toml": (
-        (
-            r"(?m)^description = .*$",
-            "description = {{ cookiecutter.description | tojson }}\n"
-            "authors = [{ name = {{ cookiecutter.author | tojson }} }]",
-        ),
-    ),
-}
+
+
+def file_edits(path: str, description: str) -> tuple[tuple[str, str], ...]:
+    """Edits that put the new project's own words in place of this one's. Idempotent: a rendered project
+    templates again cleanly, its description paragraph and authors line are replaced, not added to."""
+    if path == "README.md":
+        title = "# {{ cookiecutter.project_name }}\n\n{{ cookiecutter.description }}"
+        return ((rf"\A# .*(?:\n\n{re.escape(description)}(?=\n))?", title),)
+    if path == "pyproject.toml":
+        lines = "description = {{ cookiecutter.description | tojson }}\n"
+        lines += "authors = [{ name = {{ cookiecutter.author | tojson }} }]"
+        return ((r"(?m)^description = .*$(?:\nauthors = .*$)?", lines),)
+    return ()
+
+
 PRE_GEN_HOOK = '''"""Stops cookiecutter before anything is written when the package name cannot be imported."""
 
 import keyword
@@ -91,10 +95,13 @@ def raw(text: str) -> str:
     )
 
 
-def template_text(text: str, name: str, path: str = "") -> str:
-    """TEXT as a Jinja template: package references become the package_name variable, all else verbatim."""
+def template_text(text: str, name: str, path: str = "", description: str = "") -> str:
+    """TEXT as a Jinja template: package references become the package_name variable, all else verbatim.
+
+    PATH picks the per-file edits; DESCRIPTION is this project's, replaced where the README repeats it.
+    """
     edits = [(pattern.format(name=re.escape(name)), PACKAGE_VAR) for pattern in REFERENCE_PATTERNS]
-    edits += FILE_EDITS.get(path, ())
+    edits += file_edits(path, description)
     spans = sorted({(m.start(), m.end(), value) for pattern, value in edits for m in re.finditer(pattern, text)})
     pieces, position = [], 0
     for start, end, value in spans:
@@ -112,14 +119,17 @@ def template_path(path: str, name: str) -> Path:
     return Path(PROJECT_DIR, *parts)
 
 
+def description(repo: Path) -> str:
+    return tomllib.loads((repo / "pyproject.toml").read_text())["project"]["description"]
+
+
 def cookiecutter_json(repo: Path) -> dict:
-    description = tomllib.loads((repo / "pyproject.toml").read_text())["project"]["description"]
     return {
         "project_name": "My Lightning Project",
         "project_slug": "{{ cookiecutter.project_name.lower().replace(' ', '-') }}",
         "package_name": "{{ cookiecutter.project_slug.replace('-', '_') }}",
         "author": "Your Name",
-        "description": description,
+        "description": description(repo),
     }
 
 
@@ -127,12 +137,12 @@ def make_template(repo: Path, out_dir: Path, ref: str = "HEAD") -> Path:
     """Writes the template of REPO at REF into OUT_DIR (which must be empty or absent) and returns OUT_DIR."""
     if out_dir.exists() and any(out_dir.iterdir()):
         raise FileExistsError(f"{out_dir} is not empty")
-    name = package_name(repo)
+    name, words = package_name(repo), description(repo)
     for path, content, mode in committed_files(repo, ref):
         target = out_dir / template_path(path, name)
         target.parent.mkdir(parents=True, exist_ok=True)
         try:
-            target.write_text(template_text(content.decode("utf-8"), name, path), encoding="utf-8")
+            target.write_text(template_text(content.decode("utf-8"), name, path, words), encoding="utf-8")
         except UnicodeDecodeError:  # binary: cookiecutter copies it without rendering
             target.write_bytes(content)
         target.chmod(mode)  # keeps scripts executable

@@ -32,8 +32,9 @@ end_to_end = pytest.mark.skipif(
 )
 
 
-def render(text: str, path: str = "", **context: str) -> str:
-    template = make_template.template_text(text, NAME, path)
+def render(text: str, path: str = "", name: str = NAME, own_description: str = "", **context: str) -> str:
+    """TEXT templated as package NAME (whose description is OWN_DESCRIPTION), rendered with CONTEXT's words."""
+    template = make_template.template_text(text, name, path, own_description)
     environment = StrictEnvironment(keep_trailing_newline=True)  # as cookiecutter renders files
     return environment.from_string(template).render(cookiecutter={**CONTEXT, **context})
 
@@ -62,6 +63,19 @@ def test_pyproject_takes_the_new_names_and_quotes_them_safely():
     assert rendered["project"]["authors"] == [{"name": CONTEXT["author"]}]
     assert rendered["project"]["scripts"] == {"my_vision_lab": "my_vision_lab.cli:main"}
     assert rendered["tool"]["setuptools"]["packages"]["find"]["include"] == ["my_vision_lab*"]
+
+
+def test_a_rendered_project_templates_again_without_duplicate_lines():
+    """A project made from the template can be a template itself: its own words are replaced, not added to."""
+    other = {"project_name": "Other Lab", "package_name": "other_lab", "description": "Other", "author": "Grace"}
+    readme, pyproject = (REPO / "README.md").read_text(), (REPO / "pyproject.toml").read_text()
+    readme = render(readme, "README.md", own_description=make_template.description(REPO))
+    assert readme.startswith(f"# My Vision Lab\n\n{CONTEXT['description']}\n\n")
+    readme = render(readme, "README.md", "my_vision_lab", CONTEXT["description"], **other)
+    assert readme.startswith("# Other Lab\n\nOther\n\n") and CONTEXT["description"] not in readme
+    pyproject = render(render(pyproject, "pyproject.toml"), "pyproject.toml", "my_vision_lab", **other)
+    config = tomllib.loads(pyproject)["project"]
+    assert (config["name"], config["description"], config["authors"]) == ("other_lab", "Other", [{"name": "Grace"}])
 
 
 @pytest.fixture(scope="module")
