@@ -11,8 +11,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import torch.distributed as dist
+from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch import Trainer
+from lightning.pytorch.accelerators import CUDAAccelerator
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.strategies import ParallelStrategy
@@ -20,7 +23,9 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from project import doctor
 from project.callbacks import PredictionsWriter, TestMetricsWriter
+from project.checkpointing import AtomicCheckpointIO, CheckpointError, RNGStateCheckpoint, load_checkpoint_file
 from project.data import InMemoryDataModule
+from project.faults import FailFast, NonFiniteGuard
 from project.module import ClassificationModule
 
 # Names Trainer.fit/test/... resolve themselves instead of reading a file.
@@ -42,28 +47,44 @@ class ProjectCLI(LightningCLI):
         parser.link_arguments("data.num_classes", "model.network.init_args.num_classes", apply_on="instantiate")
         parser.link_arguments("data.input_shape", "model.network.init_args.input_shape", apply_on="instantiate")
 
-    def before_instantiate_classes(self) -> None:
-        """Fail before anything is built or written when a checkpoint file named on the command line is missing."""
-        ckpt_path = self._get(self.config, "ckpt_path")
-        if ckpt_path and ckpt_path not in LIGHTNING_CKPT_ALIASES and not Path(ckpt_path).is_file():
-            self.parser.error(f"checkpoint file not found: {ckpt_path}")
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        """Fail before anything is built or written when the checkpoint named on the command line is unusable.
+
+        Runs before LightningCLI reads the checkpoint's hyperparameters, which would fail with a raw traceback.
+        """
+        super().parse_arguments(parser, args)
+        ckpt_path = self.config.get(self.config.get("subcommand") or "", {}).get("ckpt_path")
+        if ckpt_path and ckpt_path not in LIGHTNING_CKPT_ALIASES:
+            try:
+                load_checkpoint_file(ckpt_path, mmap=True)  # mmap: reads the structure, not every tensor
+            except CheckpointError as error:
+                parser.error(str(error))
 
     def instantiate_classes(self) -> None:
         try:
             super().instantiate_classes()
-            self.check_cluster_settings()
+            self.check_distributed_settings()
         except (MisconfigurationException, ValueError, TypeError) as error:
             self.parser.error(f"invalid configuration: {error}")
 
-    def check_cluster_settings(self) -> None:
-        """devices/num_nodes against SLURM or torchrun now: Lightning checks only at launch, with a traceback."""
+    def check_distributed_settings(self) -> None:
+        """Checks now what Lightning and torch check only after processes start, with a traceback or a hang."""
         strategy = self.trainer.strategy
         if isinstance(strategy, ParallelStrategy) and strategy.cluster_environment is not None:
             strategy.cluster_environment.validate_settings(self.trainer.num_devices, self.trainer.num_nodes)
+        backend = getattr(strategy, "process_group_backend", None)
+        if backend is not None:
+            check_backend(backend, on_gpu=isinstance(self.trainer.accelerator, CUDAAccelerator))
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
-        """Adds a learning-rate monitor whenever the run has a logger (Lightning's raises without one)."""
+        """Adds what every run needs, whatever the config's callbacks: crash-safe checkpoints, fail-fast
+        handling, RNG states for an exact resume; and a learning-rate monitor when there is a logger
+        (Lightning's raises without one)."""
         trainer = super().instantiate_trainer(**kwargs)
+        if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # the default: not one chosen in the config
+            trainer.strategy.checkpoint_io = AtomicCheckpointIO()
+        # First in the list: they run before ModelCheckpoint, which Lightning puts last.
+        trainer.callbacks[:0] = [FailFast(), NonFiniteGuard(), RNGStateCheckpoint()]
         if trainer.loggers:
             trainer.callbacks.append(LearningRateMonitor())
         return trainer
@@ -78,6 +99,18 @@ class ProjectCLI(LightningCLI):
                 f"the run folder already holds checkpoints ({ckpt_dir}); resume with --ckpt_path last"
                 " or choose a new --trainer.default_root_dir"
             )
+
+
+def check_backend(backend: str, on_gpu: bool) -> None:
+    """Rejects a process-group backend torch does not know or has not built (e.g. ``nccl`` on CPU)."""
+    names = [part.split(":")[-1] for part in backend.split(",")]  # also "cpu:gloo,cuda:nccl"
+    if "nccl" in names and not on_gpu:
+        raise ValueError("process_group_backend 'nccl' needs GPUs (--trainer.accelerator gpu); use gloo on CPU")
+    for name in names:
+        if name not in dist.Backend.backend_list:
+            raise ValueError(f"unknown process_group_backend {name!r}: use nccl (GPUs), gloo (CPU or GPUs) or null")
+        if not dist.is_backend_available(name):
+            raise ValueError(f"process_group_backend {name!r} is not available in this torch build")
 
 
 def main(args: list[str] | None = None) -> None:

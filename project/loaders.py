@@ -53,4 +53,6 @@ class TensorBatchLoader:
         return {"batches_done": self._batches_done}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._batches_to_skip = state["batches_done"]
+        # A checkpoint taken at an epoch's last batch resumes at the next epoch (Lightning moves on), from its start.
+        done = state["batches_done"]
+        self._batches_to_skip = done if done < len(self) else 0
