@@ -1,6 +1,7 @@
 """Callbacks the CLI always adds: things every run should leave behind."""
 
 import json
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -58,3 +59,23 @@ class PredictionsWriter(BasePredictionWriter):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("index,prediction\n" + "".join(f"{index},{pred}\n" for index, pred in rows))
         print(f"{len(rows)} predictions written to {path}")
+
+
+class SamplesPerSecond(Callback):
+    """Shows training samples/s (all ranks together) on the progress bar and in the logs.
+
+    Measured over each ``log_every_n_steps`` window: Lightning's ThroughputMonitor times every step, which
+    needs a CUDA sync per step.
+    """
+
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._start, self._samples = time.perf_counter(), 0
+
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self._samples += len(batch[-1]) * trainer.world_size
+        if trainer.global_step % trainer.log_every_n_steps == 0:
+            now = time.perf_counter()
+            pl_module.log("samples_per_sec", self._samples / (now - self._start), prog_bar=True, on_step=True)
+            self._start, self._samples = now, 0

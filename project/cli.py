@@ -22,7 +22,7 @@ from lightning.pytorch.strategies import ParallelStrategy
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from project import doctor
-from project.callbacks import PredictionsWriter, TestMetricsWriter
+from project.callbacks import PredictionsWriter, SamplesPerSecond, TestMetricsWriter
 from project.checkpointing import AtomicCheckpointIO, CheckpointError, RNGStateCheckpoint, load_checkpoint_file
 from project.data import InMemoryDataModule
 from project.faults import FailFast, NonFiniteGuard
@@ -78,13 +78,14 @@ class ProjectCLI(LightningCLI):
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         """Adds what every run needs, whatever the config's callbacks: crash-safe checkpoints, fail-fast
-        handling, RNG states for an exact resume; and a learning-rate monitor when there is a logger
-        (Lightning's raises without one)."""
+        handling, RNG states for an exact resume, samples/s, test metrics and predictions files; and a
+        learning-rate monitor when there is a logger (Lightning's raises without one)."""
         trainer = super().instantiate_trainer(**kwargs)
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # the default: not one chosen in the config
             trainer.strategy.checkpoint_io = AtomicCheckpointIO()
         # First in the list: they run before ModelCheckpoint, which Lightning puts last.
-        trainer.callbacks[:0] = [FailFast(), NonFiniteGuard(), RNGStateCheckpoint()]
+        trainer.callbacks[:0] = [FailFast(), NonFiniteGuard(), RNGStateCheckpoint(), SamplesPerSecond()]
+        trainer.callbacks += [TestMetricsWriter(), PredictionsWriter()]
         if trainer.loggers:
             trainer.callbacks.append(LearningRateMonitor())
         return trainer
@@ -122,7 +123,7 @@ def main(args: list[str] | None = None) -> None:
         ClassificationModule,
         InMemoryDataModule,
         subclass_mode_data=True,
-        trainer_defaults={"use_distributed_sampler": False, "callbacks": [TestMetricsWriter(), PredictionsWriter()]},
+        trainer_defaults={"use_distributed_sampler": False},
         save_config_kwargs={"overwrite": False},
         args=args,
     )

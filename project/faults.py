@@ -60,29 +60,46 @@ class FailFast(Callback):
 
 
 class NonFiniteGuard(Callback):
-    """Stops training at the first NaN/inf loss, and never lets a checkpoint save non-finite weights.
+    """Stops training when the loss turns NaN/inf, naming the step, and never saves non-finite weights.
 
-    It runs before ``ModelCheckpoint`` (Lightning orders checkpoint callbacks last), so ``last.ckpt`` keeps
-    the last finite weights. The check reads one scalar per step: a host sync on GPU, cheap next to a step.
+    The first bad step is recorded on the loss's device and read every ``log_every_n_steps`` steps, at epoch
+    end and before each checkpoint: no host sync per step. It runs before ``ModelCheckpoint`` (Lightning
+    orders checkpoint callbacks last), so the last checkpoint keeps the last finite weights.
     """
+
+    _first_bad_step: torch.Tensor | None = None
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._first_bad_step = torch.tensor(-1, device=pl_module.device)
 
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
-        if isinstance(loss, torch.Tensor) and not torch.isfinite(loss).all():
-            raise FloatingPointError(
-                f"the training loss is {loss.item()} at step {trainer.global_step} (epoch {trainer.current_epoch},"
-                f" batch {batch_idx}); training stopped, and the last checkpoint holds finite weights:"
-                " lower the learning rate, or check the data"
-            )
+        if isinstance(loss, torch.Tensor):
+            newly_bad = (self._first_bad_step < 0) & ~torch.isfinite(loss.detach()).all()
+            self._first_bad_step = torch.where(newly_bad, trainer.global_step, self._first_bad_step)
+        if trainer.global_step % trainer.log_every_n_steps == 0:
+            self._raise_if_bad(trainer)
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._raise_if_bad(trainer)
 
     def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        self._raise_if_bad(trainer)
         state = checkpoint["state_dict"]
         bad = [name for name, value in state.items() if value.is_floating_point() and not value.isfinite().all()]
         if bad:
             raise FloatingPointError(
                 f"non-finite weights at step {trainer.global_step} ({', '.join(bad[:3])}): not saving a checkpoint"
+            )
+
+    def _raise_if_bad(self, trainer: Trainer) -> None:
+        step = -1 if self._first_bad_step is None else int(self._first_bad_step)
+        if step >= 0:
+            raise FloatingPointError(
+                f"the training loss became NaN or inf at step {step} (seen at step {trainer.global_step});"
+                " training stopped and no checkpoint holds the damage: lower the learning rate, or check the data"
             )
 
 
