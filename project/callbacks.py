@@ -68,6 +68,9 @@ class SamplesPerSecond(Callback):
     needs a CUDA sync per step.
     """
 
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.on_train_epoch_start(trainer, pl_module)  # a mid-epoch resume skips on_train_epoch_start
+
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._start, self._samples = time.perf_counter(), 0
 

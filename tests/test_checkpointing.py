@@ -11,7 +11,13 @@ import pytest
 import torch
 from torch.utils.data import SequentialSampler
 
-from project.checkpointing import AtomicCheckpointIO, CheckpointError, load_checkpoint_file, rng_states, set_rng_states
+from project.checkpointing import (
+    AtomicCheckpointIO,
+    CheckpointError,
+    load_checkpoint_file,
+    rng_states,
+    set_rng_states,
+)
 from project.loaders import TensorBatchLoader
 
 SAVER = """
