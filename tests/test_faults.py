@@ -118,22 +118,22 @@ def test_a_port_already_in_use_fails_fast_with_a_clear_error(tmp_path):
         taken.listen()
         port = str(taken.getsockname()[1])
         start = time.monotonic()
-        args = quick_args(tmp_path / "run", "--trainer.devices", "2", "--trainer.strategy.init_args.timeout", "0:00:20")
+        args = quick_args(tmp_path / "run", "--trainer.devices", "2", "--trainer.strategy.init_args.timeout", "0:02:00")
         result = run_project("fit", *args, cwd=REPO, env=project_env(MASTER_PORT=port), timeout=120)
     assert result.returncode != 0
     assert f"port: {port}" in result.stderr and "address already in use" in result.stderr
     assert "rank 0: every process must start with the same num_nodes and devices" in result.stderr  # the hint
-    assert time.monotonic() - start < 60  # rank 1, waiting on the foreign listener, was stopped, not left to time out
+    assert time.monotonic() - start < 60  # rank 1, waiting on the foreign listener, was stopped: no 2-minute wait
     assert not (tmp_path / "run").exists()
 
 
 def test_a_peer_that_never_arrives_fails_after_the_configured_timeout(tmp_path):
     """Node 0 of two, and node 1 never starts: the wait ends at the config's process-group timeout."""
-    args = quick_args(tmp_path / "run", "--trainer.num_nodes", "2", "--trainer.strategy.init_args.timeout", "0:00:10")
+    args = quick_args(tmp_path / "run", "--trainer.num_nodes", "2", "--trainer.strategy.init_args.timeout", "0:00:05")
     start = time.monotonic()
     result = run_project("fit", *args, cwd=REPO, env=project_env(NODE_RANK="0", MASTER_ADDR="127.0.0.1"), timeout=120)
     seconds = time.monotonic() - start
     assert result.returncode != 0
-    assert "Timed out after 1" in result.stderr and "1/2 clients joined" in result.stderr
-    assert 10 <= seconds < 60
+    assert re.search(r"Timed out after \d+ seconds waiting for clients. 1/2 clients joined", result.stderr)
+    assert 5 <= seconds < 60
     assert not (tmp_path / "run").exists()
