@@ -78,16 +78,22 @@ class ProjectCLI(LightningCLI):
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         """Adds what every run needs, whatever the config's callbacks: crash-safe checkpoints, fail-fast
-        handling, RNG states for an exact resume, samples/s, test metrics and predictions files; and a
-        learning-rate monitor when there is a logger (Lightning's raises without one)."""
+        handling; for fit, the NaN guard, RNG states for an exact resume, samples/s and, when there is a
+        logger, a learning-rate monitor (Lightning's raises without one); test and predict write their files."""
         trainer = super().instantiate_trainer(**kwargs)
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # the default: not one chosen in the config
             trainer.strategy.checkpoint_io = AtomicCheckpointIO()
+        # Only the subcommand's own: every callback is called at every hook of every step.
         # First in the list: they run before ModelCheckpoint, which Lightning puts last.
-        trainer.callbacks[:0] = [FailFast(), NonFiniteGuard(), RNGStateCheckpoint(), SamplesPerSecond()]
-        trainer.callbacks += [TestMetricsWriter(), PredictionsWriter()]
-        if trainer.loggers:
-            trainer.callbacks.append(LearningRateMonitor())
+        trainer.callbacks.insert(0, FailFast())
+        if self.subcommand == "fit":
+            trainer.callbacks[1:1] = [NonFiniteGuard(), RNGStateCheckpoint(), SamplesPerSecond()]
+            if trainer.loggers:
+                trainer.callbacks.append(LearningRateMonitor())
+        elif self.subcommand == "test":
+            trainer.callbacks.append(TestMetricsWriter())
+        elif self.subcommand == "predict":
+            trainer.callbacks.append(PredictionsWriter())
         return trainer
 
     def before_fit(self) -> None:

@@ -55,9 +55,10 @@ class ClassificationModule(LightningModule):
         x, y = batch
         logits = self(x)
         loss = self.loss_fn(logits, y)
-        self.train_acc(logits, y)
-        self.log("train_loss", loss, prog_bar=True)
-        self.log("train_acc", self.train_acc, on_step=False, on_epoch=True)
+        self.train_acc.update(logits.detach(), y)
+        # The logger writes every log_every_n_steps steps and a self.log call costs ~1 ms: log only then.
+        if (self.global_step + 1) % self.trainer.log_every_n_steps == 0:
+            self.log("train_loss", loss, prog_bar=True)
         return loss
 
     def validation_step(self, batch: list[Tensor], batch_idx: int) -> None:
@@ -73,11 +74,22 @@ class ClassificationModule(LightningModule):
         x, y = batch
         logits = self(x)
         # Weighted by batch size so the epoch loss is the exact per-sample mean across all ranks.
-        mean_loss, accuracy = getattr(self, f"{stage}_loss"), getattr(self, f"{stage}_acc")
-        mean_loss(self.loss_fn(logits, y), weight=len(y))
-        accuracy(logits, y)
-        self.log(f"{stage}_loss", mean_loss, prog_bar=True)
-        self.log(f"{stage}_acc", accuracy, prog_bar=True)
+        getattr(self, f"{stage}_loss").update(self.loss_fn(logits, y), weight=len(y))
+        getattr(self, f"{stage}_acc").update(logits, y)
+
+    # Metric objects are logged once per epoch, not per step: each log call moves the metric's states.
+    def on_train_epoch_end(self) -> None:
+        self.log("train_acc", self.train_acc)
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_epoch_metrics("val")
+
+    def on_test_epoch_end(self) -> None:
+        self._log_epoch_metrics("test")
+
+    def _log_epoch_metrics(self, stage: str) -> None:
+        self.log(f"{stage}_loss", getattr(self, f"{stage}_loss"), prog_bar=True)
+        self.log(f"{stage}_acc", getattr(self, f"{stage}_acc"), prog_bar=True)
 
     def configure_optimizers(self) -> Any:
         optimizer = self.optimizer(self.parameters())

@@ -1,0 +1,132 @@
+"""The hand-written PyTorch DDP training script this template replaces; scripts/benchmark.py races the two.
+
+One process per rank, torchrun style (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT from the environment):
+
+    torchrun --nproc-per-node 2 scripts/plain_ddp.py --steps 300 --output-dir /tmp
+
+It trains what ``python -m project fit --config configs/digits.yaml`` trains (same split, sampler, seed, initial
+weights, optimizer; no scheduler, no validation) and each rank writes its timings and final loss as JSON.
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import resource
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator
+from itertools import islice
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, DistributedSampler
+
+from project.data import DigitsDataModule
+from project.loaders import TensorBatchLoader
+from project.networks import MLP
+
+LAST_STEPS = 5  # the final loss is the mean loss of the last steps (a single step's loss is noisy)
+LAUNCH_TIME = "BENCH_LAUNCH_TIME"  # the launcher's time.time(), to measure time to first step
+
+
+def weights_digest(module: nn.Module) -> str:
+    """A hash of all parameters: equal digests mean bit-identical initial weights."""
+    data = b"".join(p.detach().cpu().numpy().tobytes() for p in module.parameters())
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+def rank_stats(start: float, end: float, first_step_unix: float, steps: int, samples: int, losses: Iterable) -> dict:
+    """What every rank reports: both sides of the benchmark call this, so they measure the same way."""
+    return {
+        "seconds": end - start,
+        "steps": steps,
+        "samples": samples,
+        "time_to_first_step_s": first_step_unix - float(os.environ.get(LAUNCH_TIME, first_step_unix)),
+        "loss": torch.stack(list(losses)).mean().item(),
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # KiB on Linux
+        "gpu_peak_mb": torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_initialized() else 0.0,
+    }
+
+
+def write_rank_stats(stats: dict[str, Any], output_dir: str) -> None:
+    """Each rank writes its own ``rank<N>.json``; the benchmark combines them (no collective at the end)."""
+    with open(os.path.join(output_dir, f"rank{dist.get_rank()}.json"), "w") as file:
+        json.dump(stats, file, indent=2)
+
+
+def endless(loader: Iterable, sampler: DistributedSampler) -> Iterator:
+    """Batches epoch after epoch; set_epoch reshuffles, the same way on every rank."""
+    epoch = 0
+    while True:
+        sampler.set_epoch(epoch)
+        yield from loader
+        epoch += 1
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--batch-size", type=int, default=64, help="per rank")
+    parser.add_argument("--seed", type=int, default=42, help="initial weights and training order")
+    parser.add_argument("--pipeline", choices=("dataloader", "in-memory"), default="dataloader")
+    parser.add_argument("--hidden-sizes", type=int, nargs="+", default=[128, 64])
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--output-dir", default=".", help="where each rank writes rank<N>.json")
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    rank, world_size, local_rank = (int(os.environ[name]) for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
+    device = torch.device(args.device, local_rank) if args.device == "cuda" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # NCCL and all_gather_object use the current device
+    # MASTER_ADDR and MASTER_PORT are read from the environment (init_method "env://").
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank, world_size=world_size)
+
+    data = DigitsDataModule(batch_size=args.batch_size, seed=args.seed)
+    data.setup("fit")  # the template's train/val/test split
+    train = data.splits["train"]
+    sampler = DistributedSampler(train, world_size, rank, shuffle=True, seed=args.seed)
+    if args.pipeline == "dataloader":
+        loader = DataLoader(train, batch_size=args.batch_size, sampler=sampler)
+    else:
+        loader = TensorBatchLoader(train.tensors, sampler, args.batch_size)
+
+    torch.manual_seed(args.seed)  # as the template's CLI: seed, then build the network
+    network = MLP(DigitsDataModule.num_classes, DigitsDataModule.input_shape, tuple(args.hidden_sizes))
+    init_digest = weights_digest(network)
+    model = DistributedDataParallel(network.to(device), device_ids=[local_rank] if device.type == "cuda" else None)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-4)
+    loss_fn = nn.CrossEntropyLoss()
+
+    losses: deque = deque(maxlen=LAST_STEPS)  # tensors, so no step waits for a .item()
+    samples = 0
+    for step, (x, y) in enumerate(islice(endless(loader, sampler), args.steps)):
+        if step == 0:
+            start, first_step_unix = time.perf_counter(), time.time()
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        loss = loss_fn(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()  # DDP averages the gradients across ranks here
+        optimizer.step()
+        losses.append(loss.detach())
+        samples += len(y)
+    if device.type == "cuda":
+        torch.cuda.synchronize()  # the last step has really finished
+    end = time.perf_counter()
+
+    stats = rank_stats(start, end, first_step_unix, args.steps, samples, losses)
+    write_rank_stats({**stats, "init_digest": init_digest}, args.output_dir)
+    dist.destroy_process_group()
+    # Leave without freeing the DDP model: with gloo (torch 2.13) its destructor can deadlock, joining gloo's
+    # worker thread while holding the GIL that the thread needs to free the last gradient all-reduce.
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
