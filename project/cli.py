@@ -85,14 +85,15 @@ class ProjectCLI(LightningCLI):
             trainer.strategy.checkpoint_io = AtomicCheckpointIO()
         # Only the subcommand's own: every callback is called at every hook of every step.
         # First in the list: they run before ModelCheckpoint, which Lightning puts last.
+        stages = {self.subcommand} if self.subcommand else {"fit", "test", "predict"}  # run=False: any may follow
         trainer.callbacks.insert(0, FailFast())
-        if self.subcommand == "fit":
+        if "fit" in stages:
             trainer.callbacks[1:1] = [NonFiniteGuard(), RNGStateCheckpoint(), SamplesPerSecond()]
             if trainer.loggers:
                 trainer.callbacks.append(LearningRateMonitor())
-        elif self.subcommand == "test":
+        if "test" in stages:
             trainer.callbacks.append(TestMetricsWriter())
-        elif self.subcommand == "predict":
+        if "predict" in stages:
             trainer.callbacks.append(PredictionsWriter())
         return trainer
 

@@ -56,10 +56,14 @@ class ClassificationModule(LightningModule):
         logits = self(x)
         loss = self.loss_fn(logits, y)
         self.train_acc.update(logits.detach(), y)
-        # The logger writes every log_every_n_steps steps and a self.log call costs ~1 ms: log only then.
-        if (self.global_step + 1) % self.trainer.log_every_n_steps == 0:
+        if self._is_logging_step():
             self.log("train_loss", loss, prog_bar=True)
         return loss
+
+    def _is_logging_step(self) -> bool:
+        """The logger writes every log_every_n_steps steps, and a self.log call costs ~1 ms: log only then."""
+        trainer = self._trainer  # None when the module is used on its own
+        return trainer is None or (trainer.global_step + 1) % trainer.log_every_n_steps == 0
 
     def validation_step(self, batch: list[Tensor], batch_idx: int) -> None:
         self._evaluate(batch, "val")
