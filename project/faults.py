@@ -29,7 +29,9 @@ class FailFast(Callback):
     in a collective. torchrun and srun stop the other ranks themselves (srun with ``--kill-on-bad-exit``).
     """
 
-    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+    def __init__(self) -> None:
+        # Built in every rank's own process (Lightning's launcher reruns the command): the launcher, for ranks > 0.
+        # Not in setup(): a failure to join the process group comes before it.
         self._parent_pid = os.getppid()
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
