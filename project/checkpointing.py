@@ -77,8 +77,8 @@ class RNGStateCheckpoint(Callback):
     def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
         states = [rng_states()]
         if trainer.world_size > 1 and dist.is_available() and dist.is_initialized():
-            states = [None] * trainer.world_size
-            dist.all_gather_object(states, rng_states())
+            own, states = states[0], [None] * trainer.world_size
+            dist.all_gather_object(states, own)
         checkpoint["rng_states"] = states
 
     def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:

@@ -32,6 +32,8 @@ from lightning.fabric.plugins.environments import (
 )
 from lightning.fabric.plugins.environments.lightning import find_free_network_port
 
+from project.faults import first_line
+
 DEBUG_SWITCH = "PROJECT_DIST_DEBUG"
 DEBUG_SETTINGS = {"NCCL_DEBUG": "INFO", "TORCH_DISTRIBUTED_DEBUG": "DETAIL"}
 NETWORK_VARS = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
@@ -265,7 +267,7 @@ def run_rank(env: ClusterEnvironment, args: argparse.Namespace) -> int:
 
 def failed(what: str, error: Exception) -> int:
     """Prints WHAT with the first line of torch's error (the rest is C++ stack) and the hint; returns 1."""
-    say(f"doctor: {what}: {str(error).strip().splitlines()[0]}\n{HINT}", error=True)
+    say(f"doctor: {what}: {first_line(error)}\n{HINT}", error=True)
     return 1
 
 
