@@ -91,17 +91,21 @@ def test_tensorboard_overlay_writes_event_files_into_the_same_layout(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("flags", "progress_bar", "lr_monitor"),
+    ("flags", "progress_bar", "lr_monitor", "redraws_per_second"),
     [
-        ([], RichProgressBar, True),
-        (["--trainer.enable_progress_bar", "false"], type(None), True),
-        (["--trainer.logger", "false"], RichProgressBar, False),  # Lightning's monitor raises without a logger
+        ([], RichProgressBar, True, 2),  # not Lightning's 100: its drawing thread slows training
+        (["--trainer.enable_progress_bar", "false"], type(None), True, None),
+        (["--trainer.logger", "false"], RichProgressBar, False, 2),  # Lightning's monitor raises without a logger
+        (["--trainer.callbacks+=RichProgressBar", "--trainer.callbacks.refresh_rate=5"], RichProgressBar, True, 5),
     ],
 )
-def test_interactive_defaults_and_how_to_turn_them_off(tmp_path, monkeypatch, flags, progress_bar, lr_monitor):
+def test_interactive_defaults_and_how_to_turn_them_off(
+    tmp_path, monkeypatch, flags, progress_bar, lr_monitor, redraws_per_second
+):
     monkeypatch.setattr(sys, "argv", sys.argv[:1])  # pytest's own arguments are not the CLI's
     args = ["--config", str(DIGITS_CONFIG), "--trainer.default_root_dir", str(tmp_path), *flags]
     cli = ProjectCLI(ClassificationModule, InMemoryDataModule, subclass_mode_data=True, run=False, args=args)
     assert type(cli.trainer.progress_bar_callback) is progress_bar
+    assert getattr(cli.trainer.progress_bar_callback, "refresh_rate", None) == redraws_per_second
     assert any(isinstance(c, LearningRateMonitor) for c in cli.trainer.callbacks) is lr_monitor
     assert bool(cli.trainer.loggers) is lr_monitor
