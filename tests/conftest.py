@@ -48,6 +48,25 @@ def run_project(*args: str, cwd: Path, timeout: float = 300, env: dict | None = 
     )
 
 
+def run_folder(root: Path, version: int | None = None) -> Path:
+    """The folder of one run under ROOT (``trainer.default_root_dir``), the newest when VERSION is None.
+
+    Holds the run's config.yaml and metrics.csv (its logger's version folder)."""
+    versions = sorted(root.glob("lightning_logs/version_*"), key=lambda path: int(path.name.split("_")[1]))
+    if version is not None:
+        return root / "lightning_logs" / f"version_{version}"
+    return versions[-1]
+
+
+def checkpoint_dir(root: Path, version: int | None = None) -> Path:
+    """Where the run's checkpoints are (``last.ckpt`` among them)."""
+    return root / "checkpoints"
+
+
+def last_checkpoint(root: Path, version: int | None = None) -> Path:
+    return checkpoint_dir(root, version) / "last.ckpt"
+
+
 def quick_args(run_dir: Path, *extra: str) -> list[str]:
     """Flags for a fast digits run into RUN_DIR: no progress bar, no sanity check."""
     return [

@@ -6,7 +6,7 @@ import sys
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import DIGITS_CONFIG, REPO, quick_args
+from conftest import DIGITS_CONFIG, REPO, last_checkpoint, quick_args
 
 from project.cli import main
 
@@ -74,7 +74,7 @@ def test_truncated_checkpoint_is_refused(capsys, tmp_path):
 
 
 def test_a_fresh_fit_never_overwrites_an_earlier_run(capsys, tmp_path):
-    earlier = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    earlier = last_checkpoint(tmp_path / "run")
     earlier.parent.mkdir(parents=True)
     earlier.write_bytes(b"the earlier run's checkpoint")
     with pytest.raises(SystemExit) as exit_info:

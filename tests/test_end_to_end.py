@@ -4,7 +4,7 @@ import json
 
 import pytest
 import torch
-from conftest import REPO, quick_args, run_project
+from conftest import REPO, last_checkpoint, quick_args, run_project
 
 from project.data import DigitsDataModule
 
@@ -23,7 +23,7 @@ def test_metrics(ddp_run, tmp_path_factory):
     metrics = {}
     for devices in (1, 2, 3):
         run_dir = tmp_path_factory.mktemp(f"test_{devices}")
-        ckpt = str(ddp_run / "checkpoints" / "last.ckpt")
+        ckpt = str(last_checkpoint(ddp_run))
         result = run_project(
             "test", *quick_args(run_dir, "--trainer.devices", str(devices), "--ckpt_path", ckpt), cwd=REPO
         )
@@ -35,7 +35,7 @@ def test_metrics(ddp_run, tmp_path_factory):
 
 
 def test_ddp_fit_writes_last_checkpoint_after_every_epoch(ddp_run):
-    ckpt = torch.load(ddp_run / "checkpoints" / "last.ckpt", weights_only=True)
+    ckpt = torch.load(last_checkpoint(ddp_run), weights_only=True)
     # 20 epochs of ceil(1258 / 2 ranks / 64 per batch) = 10 steps each.
     assert ckpt["epoch"] == 19 and ckpt["global_step"] == 200
     assert any(key.startswith("network.") for key in ckpt["state_dict"])
@@ -55,7 +55,7 @@ def test_accuracy_is_identical_on_one_two_and_three_processes(test_metrics):
 
 
 def test_predict_on_two_processes_writes_every_test_sample_in_order(ddp_run, test_metrics, tmp_path):
-    ckpt = str(ddp_run / "checkpoints" / "last.ckpt")
+    ckpt = str(last_checkpoint(ddp_run))
     result = run_project("predict", *quick_args(tmp_path, "--trainer.devices", "2", "--ckpt_path", ckpt), cwd=REPO)
     assert result.returncode == 0, result.stderr[-3000:]
     [path] = tmp_path.glob("lightning_logs/version_*/predictions.csv")
@@ -73,5 +73,5 @@ def test_saved_config_reruns_the_same_experiment(ddp_run, tmp_path):
     args = ["--config", str(saved), "--trainer.default_root_dir", str(tmp_path), "--trainer.max_epochs", "1"]
     result = run_project("fit", *args, cwd=REPO)
     assert result.returncode == 0, result.stderr[-3000:]
-    ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
+    ckpt = torch.load(last_checkpoint(tmp_path), weights_only=True)
     assert ckpt["global_step"] == 10  # the saved config's 2 devices and batch size 64: 10 steps per epoch

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, project_env, quick_args, run_project
+from conftest import REPO, last_checkpoint, project_env, quick_args, run_project
 
 TESTS = str(REPO / "tests")
 
@@ -70,7 +70,7 @@ def test_a_nan_loss_stops_training_naming_the_step_and_keeps_the_last_good_check
     assert result.returncode != 0
     found = re.search(r"the training loss became NaN or inf at step (\d+)", result.stderr)
     assert found, result.stderr[-3000:]
-    ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
+    ckpt = torch.load(last_checkpoint(tmp_path), weights_only=True)
     assert 0 < ckpt["global_step"] < int(found.group(1))
     assert all(value.isfinite().all() for value in ckpt["state_dict"].values())
 
@@ -84,7 +84,7 @@ def uninterrupted(tmp_path_factory) -> dict[str, torch.Tensor]:
     run_dir = tmp_path_factory.mktemp("uninterrupted")
     result, _ = fit(run_dir, *RESUMABLE)
     assert result.returncode == 0, result.stderr[-3000:]
-    ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    ckpt = torch.load(last_checkpoint(run_dir), weights_only=True)
     assert ckpt["global_step"] == 20  # 2 epochs of 10 steps (1258 samples, 2 ranks, batch 64)
     return ckpt["state_dict"]
 
@@ -101,7 +101,7 @@ def test_a_killed_run_resumes_to_the_same_weights(uninterrupted, tmp_path, check
     run_dir = tmp_path / "run"
     killed, _ = fit(run_dir, *RESUMABLE, *checkpointing, *fail_at(kill_step, -1, "sigkill"))
     assert killed.returncode == -9
-    last = run_dir / "checkpoints" / "last.ckpt"
+    last = last_checkpoint(run_dir)
     assert torch.load(last, weights_only=True)["global_step"] == resume_step
     resumed, _ = fit(run_dir, *RESUMABLE, *checkpointing, "--ckpt_path", "last")
     assert resumed.returncode == 0, resumed.stderr[-3000:]

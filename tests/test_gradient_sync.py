@@ -1,7 +1,7 @@
 """DDP averages gradients: 2 ranks with batch B must train exactly like 1 rank with batch 2B."""
 
 import torch
-from conftest import REPO, quick_args, run_project
+from conftest import REPO, last_checkpoint, quick_args, run_project
 from lightning.pytorch import seed_everything
 
 from project.networks import MLP
@@ -19,7 +19,7 @@ def _fit_weights(run_dir, devices: int, batch_size: int) -> dict[str, torch.Tens
     )
     result = run_project("fit", *args, cwd=REPO)
     assert result.returncode == 0, result.stderr[-3000:]
-    ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    ckpt = torch.load(last_checkpoint(run_dir), weights_only=True)
     assert ckpt["global_step"] == STEPS
     return ckpt["state_dict"]
 

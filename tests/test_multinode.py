@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import REPO, free_port, quick_args, run_project
+from conftest import REPO, free_port, last_checkpoint, quick_args, run_project
 from fake_cluster import SCRIPTS, launcher_env, slurm_allocation
 from lightning.pytorch import Trainer
 
@@ -108,7 +108,7 @@ def assert_world_of_two(outputs: list[str]) -> None:
 
 def assert_trained_at_world_size_two(run_dir: Path) -> None:
     assert checkpoint_names(run_dir) == {"last.ckpt", f"epoch={EPOCHS - 1}-step={EPOCHS * STEPS_PER_EPOCH}.ckpt"}
-    ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    ckpt = torch.load(last_checkpoint(run_dir), weights_only=True)
     assert ckpt["epoch"] == EPOCHS - 1 and ckpt["global_step"] == EPOCHS * STEPS_PER_EPOCH
 
 
@@ -128,12 +128,12 @@ def test_two_nodes_by_torchrun(torchrun_nodes):
 
 
 def test_two_nodes_train_like_one_node_with_two_processes(single_node, env_nodes, torchrun_nodes):
-    reference_ckpt = single_node / "checkpoints" / "last.ckpt"
+    reference_ckpt = last_checkpoint(single_node)
     reference = evaluate(reference_ckpt)
     assert reference["test_acc"] > 0.5  # trained, so that matching it means something
     reference_weights = torch.load(reference_ckpt, weights_only=True)["state_dict"]
     for run_dir in (env_nodes[0][0], torchrun_nodes[0]):
-        ckpt = run_dir / "checkpoints" / "last.ckpt"
+        ckpt = last_checkpoint(run_dir)
         metrics = evaluate(ckpt)
         assert metrics["test_acc"] == pytest.approx(reference["test_acc"], abs=1e-6)
         assert metrics["test_loss"] == pytest.approx(reference["test_loss"], rel=1e-4)
@@ -166,20 +166,20 @@ def test_sbatch_ranks_and_world_size_come_from_slurm(slurm_run):
     # Every task ran under SLURMEnvironment, with SLURM_PROCID as its rank and SLURM_NTASKS as the world size.
     assert output.count("SLURM auto-requeueing enabled") == 2
     assert_world_of_two([output, output])
-    ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    ckpt = torch.load(last_checkpoint(run_dir), weights_only=True)
     assert ckpt["global_step"] == STEPS_PER_EPOCH
 
 
 def test_requeued_sbatch_job_resumes_from_its_hpc_checkpoint(slurm_run):
     run_dir, _ = slurm_run
     # What Lightning saves on the requeue signal (--signal=SIGUSR1@120) before `scontrol requeue`.
-    shutil.copy(run_dir / "checkpoints" / "last.ckpt", run_dir / "hpc_ckpt_1.ckpt")
+    shutil.copy(last_checkpoint(run_dir), run_dir / "hpc_ckpt_1.ckpt")
     env = slurm_allocation(nodes=2, tasks_per_node=1, SLURM_RESTART_COUNT="1")
     result = sbatch(env, *quick_args(run_dir, "--trainer.max_epochs", "2"))
     assert result.returncode == 0, result.stderr[-3000:]
     restored = f"Restoring states from the checkpoint path at {run_dir / 'hpc_ckpt_1.ckpt'}"
     assert restored in result.stdout + result.stderr
-    ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    ckpt = torch.load(last_checkpoint(run_dir), weights_only=True)
     assert ckpt["global_step"] == 2 * STEPS_PER_EPOCH
 
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import quick_args
+from conftest import last_checkpoint, quick_args
 from lightning.pytorch import Callback, LightningModule, Trainer
 
 from project.cli import main
@@ -30,7 +30,7 @@ class RecordsSetup(Callback):
 def _fit(run_dir, *flags: str) -> tuple[dict, dict[str, torch.Tensor]]:
     record = "--trainer.callbacks+=test_strategy.RecordsSetup"
     main(["fit", *quick_args(run_dir, "--trainer.max_epochs", "2", record, *flags)])
-    weights = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    weights = torch.load(last_checkpoint(run_dir), weights_only=True)["state_dict"]
     return RecordsSetup.seen, weights
 
 

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO, project_env
+from conftest import REPO, last_checkpoint, project_env
 
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+, like scripts/make_template.py
 cookiecutter_main = pytest.importorskip("cookiecutter.main")
@@ -168,7 +168,7 @@ def test_rendered_project_fits_and_has_its_console_command(rendered, venv_python
     flags += ["--trainer.enable_progress_bar", "false", "--trainer.num_sanity_val_steps", "0"]
     result = subprocess.run([*fit, *flags], cwd=project_dir, env=project_env(), capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert (run_dir / "checkpoints" / "last.ckpt").is_file()
+    assert last_checkpoint(run_dir).is_file()
     saved_config = (run_dir / "lightning_logs" / "version_0" / "config.yaml").read_text()
     assert "class_path: my_vision_lab.networks.MLP" in saved_config
 
