@@ -6,12 +6,12 @@ Every config key is a constructor argument of the Trainer, the model, the data m
 checkpoint callback; this file only links them together and guards the run folder.
 """
 
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
+from jsonargparse import Namespace
 from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch import Trainer
@@ -19,49 +19,77 @@ from lightning.pytorch.accelerators import CUDAAccelerator
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, RichProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.strategies import ParallelStrategy
+from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
-from project import doctor
+from project import doctor, runs
 from project.callbacks import PredictionsWriter, SamplesPerSecond, TestMetricsWriter
 from project.checkpointing import AtomicCheckpointIO, CheckpointError, RNGStateCheckpoint, load_checkpoint_file
 from project.data import InMemoryDataModule
-from project.faults import FailFast, NonFiniteGuard
+from project.faults import FailFast, NonFiniteGuard, report
 from project.module import ClassificationModule
 
-# Names Trainer.fit/test/... resolve themselves instead of reading a file.
-LIGHTNING_CKPT_ALIASES = ("last", "best", "hpc", "registry")
+# Names Trainer.fit/test/... resolve themselves instead of reading a file ("last" is resolved here, see runs.py).
+LIGHTNING_CKPT_ALIASES = ("best", "hpc", "registry")
 # Lightning's default Rich bar redraws up to 100 times a second, from a thread that competes with training for the
 # GIL: measured in a terminal, that cost a small CPU step about 20%. Twice a second is as readable.
 PROGRESS_BAR_REFRESHES_PER_SECOND = 2
-
-
-def checkpoint_dir(root_dir: str | None) -> str:
-    """Checkpoints live in one fixed folder per run, so ``--ckpt_path last`` always finds ``last.ckpt``."""
-    return os.path.join(root_dir or os.getcwd(), "checkpoints")
 
 
 class ProjectCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
         parser.set_defaults({"checkpoint.save_last": True})
-        parser.link_arguments("trainer.default_root_dir", "checkpoint.dirpath", compute_fn=checkpoint_dir)
         parser.link_arguments("trainer.default_root_dir", "trainer.logger.init_args.save_dir")
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
         parser.link_arguments("data.num_classes", "model.network.init_args.num_classes", apply_on="instantiate")
         parser.link_arguments("data.input_shape", "model.network.init_args.input_shape", apply_on="instantiate")
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
-        """Fail before anything is built or written when the checkpoint named on the command line is unusable.
+        """Resolves ``--ckpt_path last`` and refuses what cannot run, before anything is built or written.
 
         Runs before LightningCLI reads the checkpoint's hyperparameters, which would fail with a raw traceback.
         """
         super().parse_arguments(parser, args)
-        ckpt_path = self.config.get(self.config.get("subcommand") or "", {}).get("ckpt_path")
-        if ckpt_path and ckpt_path not in LIGHTNING_CKPT_ALIASES:
+        subcommand = self.config.get("subcommand")
+        if not subcommand:
+            return
+        config = self.config[subcommand]
+        if config.ckpt_path == "last":
+            self._resume_newest_run(config, continue_logging=subcommand == "fit")
+        elif subcommand == "fit" and config.ckpt_path is None:
+            self._start_new_run(config)
+        if config.ckpt_path and config.ckpt_path not in LIGHTNING_CKPT_ALIASES:
             try:
-                load_checkpoint_file(ckpt_path, mmap=True)  # mmap: reads the structure, not every tensor
+                load_checkpoint_file(config.ckpt_path, mmap=True)  # mmap: reads the structure, not every tensor
             except CheckpointError as error:
                 parser.error(str(error))
+
+    def _resume_newest_run(self, config: Namespace, continue_logging: bool) -> None:
+        found = runs.newest_run(config)
+        if found is None:
+            where = runs.fixed_checkpoint_folder(config) or runs.versions_folder(config.trainer)
+            self.parser.error(f"--ckpt_path last: no run with a last.ckpt in {where}; start one with fit")
+        config.ckpt_path, version = str(found[0]), found[1]
+        if continue_logging and version is not None:
+            self.save_config_kwargs["config_filename"] = runs.continue_run(config, version)
+        rank_zero_only(report)(f"{'resuming from' if continue_logging else 'loading'} {config.ckpt_path}")
+
+    def _start_new_run(self, config: Namespace) -> None:
+        """A fresh fit gets its own run folder; where every run shares one, refuse to write over an earlier run."""
+        root = Path(config.trainer.get("default_root_dir") or ".")
+        # A requeued SLURM job: Lightning resumes from the hpc_ckpt_N.ckpt it saved in default_root_dir.
+        if SLURMEnvironment.detect() and any(root.glob("hpc_ckpt_*.ckpt")):
+            found = runs.newest_run(config)
+            if found is not None and found[1] is not None:  # it continues its run's folder
+                self.save_config_kwargs["config_filename"] = runs.continue_run(config, found[1])
+            return
+        fixed = runs.fixed_checkpoint_folder(config)
+        if fixed is not None and any(fixed.glob("*.ckpt")):
+            self.parser.error(
+                f"the checkpoint folder already holds an earlier run's checkpoints ({fixed}); resume with"
+                " --ckpt_path last, or choose a new --trainer.default_root_dir"
+            )
 
     def instantiate_classes(self) -> None:
         try:
@@ -104,17 +132,6 @@ class ProjectCLI(LightningCLI):
             trainer.callbacks.append(PredictionsWriter())
         return trainer
 
-    def before_fit(self) -> None:
-        """Refuse to start a fresh run on top of an earlier one's checkpoints."""
-        ckpt_dir = Path(self.config.fit.checkpoint.dirpath)
-        # A requeued SLURM job: Lightning resumes from the hpc_ckpt_N.ckpt it saved in default_root_dir.
-        requeued = SLURMEnvironment.detect() and any(Path(self.trainer.default_root_dir).glob("hpc_ckpt_*.ckpt"))
-        if self.config.fit.ckpt_path is None and not requeued and any(ckpt_dir.glob("*.ckpt")):
-            self.parser.error(
-                f"the run folder already holds checkpoints ({ckpt_dir}); resume with --ckpt_path last"
-                " or choose a new --trainer.default_root_dir"
-            )
-
 
 def check_backend(backend: str, on_gpu: bool) -> None:
     """Rejects a process-group backend torch does not know or has not built (e.g. ``nccl`` on CPU)."""
@@ -139,8 +156,16 @@ def main(args: list[str] | None = None) -> None:
         subclass_mode_data=True,
         trainer_defaults={"use_distributed_sampler": False},
         save_config_kwargs={"overwrite": False},
+        parser_kwargs={"prog": program_name()},
         args=args,
     )
+
+
+def program_name() -> str:
+    """How the user called us, for usage and error lines: ``python -m project`` or the console command."""
+    if Path(sys.argv[0]).name == "__main__.py":
+        return f"python -m {__package__}"
+    return Path(sys.argv[0]).name
 
 
 if __name__ == "__main__":

@@ -49,18 +49,21 @@ def run_project(*args: str, cwd: Path, timeout: float = 300, env: dict | None = 
 
 
 def run_folder(root: Path, version: int | None = None) -> Path:
-    """The folder of one run under ROOT (``trainer.default_root_dir``), the newest when VERSION is None.
-
-    Holds the run's config.yaml and metrics.csv (its logger's version folder)."""
-    versions = sorted(root.glob("lightning_logs/version_*"), key=lambda path: int(path.name.split("_")[1]))
+    """The folder of one run under ROOT (``trainer.default_root_dir``), the newest when VERSION is None:
+    ``lightning_logs/version_N`` with the run's ``checkpoints/``, ``config.yaml`` and ``metrics.csv``."""
     if version is not None:
         return root / "lightning_logs" / f"version_{version}"
+    versions = sorted(root.glob("lightning_logs/version_*"), key=lambda path: int(path.name.split("_")[1]))
+    assert versions, f"no run in {root}"
     return versions[-1]
 
 
 def checkpoint_dir(root: Path, version: int | None = None) -> Path:
-    """Where the run's checkpoints are (``last.ckpt`` among them)."""
-    return root / "checkpoints"
+    """Where a run's checkpoints are: the newest run that has any, when VERSION is None."""
+    if version is not None:
+        return run_folder(root, version) / "checkpoints"
+    [*_, newest] = sorted(root.glob("lightning_logs/version_*/checkpoints"), key=lambda p: int(p.parent.name[8:]))
+    return newest
 
 
 def last_checkpoint(root: Path, version: int | None = None) -> Path:

@@ -6,7 +6,7 @@ import sys
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import DIGITS_CONFIG, REPO, last_checkpoint, quick_args
+from conftest import DIGITS_CONFIG, REPO, quick_args
 
 from project.cli import main
 
@@ -73,16 +73,30 @@ def test_truncated_checkpoint_is_refused(capsys, tmp_path):
     assert f"checkpoint {ckpt} is corrupted or truncated" in stderr
 
 
-def test_a_fresh_fit_never_overwrites_an_earlier_run(capsys, tmp_path):
-    earlier = last_checkpoint(tmp_path / "run")
+@pytest.mark.parametrize(
+    "flags",
+    [["--trainer.logger", "false"], ["--checkpoint.dirpath", "{run}/checkpoints"]],
+    ids=["no-logger", "dirpath"],
+)
+def test_a_fresh_fit_never_overwrites_an_earlier_run_in_a_shared_checkpoint_folder(capsys, tmp_path, flags):
+    """Without a logger's version folders (or with a fixed dirpath) every run shares one checkpoint folder."""
+    earlier = tmp_path / "run" / "checkpoints" / "last.ckpt"
     earlier.parent.mkdir(parents=True)
     earlier.write_bytes(b"the earlier run's checkpoint")
+    flags = [flag.format(run=tmp_path / "run") for flag in flags]
     with pytest.raises(SystemExit) as exit_info:
-        main(["fit", *quick_args(tmp_path / "run")])
+        main(["fit", *quick_args(tmp_path / "run", *flags)])
     assert exit_info.value.code == 2
-    assert "already holds checkpoints" in capsys.readouterr().err
+    assert f"already holds an earlier run's checkpoints ({earlier.parent})" in capsys.readouterr().err
     assert earlier.read_bytes() == b"the earlier run's checkpoint"
     assert sorted(p.name for p in (tmp_path / "run").rglob("*")) == ["checkpoints", "last.ckpt"]
+
+
+def test_usage_lines_name_the_command_as_it_was_called(capsys, monkeypatch, tmp_path):
+    monkeypatch.setattr(sys, "argv", [str(REPO / "project" / "__main__.py")])
+    assert "usage: python -m project [options] fit" in _refused(capsys, tmp_path / "run", "fit", "--no_such_flag")
+    monkeypatch.setattr(sys, "argv", ["/usr/local/bin/project"])
+    assert "usage: project [-c CONFIG] {fit,validate,test,predict}" in _refused(capsys, tmp_path / "run", "fiit")
 
 
 def test_config_file_is_the_documented_default():

@@ -1,0 +1,79 @@
+"""Reruns never collide: every fit is a new run folder beside the earlier ones, `--ckpt_path last` is the newest
+run's last.ckpt, and a resumed fit continues its own run's folder and logs."""
+
+import contextlib
+import csv
+import io
+import os
+import sys
+
+import pytest
+import torch
+from conftest import LAUNCHER_VARS, quick_args, run_folder
+
+from project.cli import main
+
+
+def project(*args: str) -> str:
+    """`python -m project ARGS` in this process (one rank, so no launcher): what it printed."""
+    output, saved_env, saved_argv = io.StringIO(), dict(os.environ), sys.argv
+    sys.argv = ["project"]  # LightningCLI warns when sys.argv (pytest's) and args are both given
+    try:
+        with contextlib.redirect_stdout(output), contextlib.redirect_stderr(output):
+            main(list(args))
+    finally:
+        sys.argv = saved_argv
+        os.environ.clear()
+        os.environ.update({k: v for k, v in saved_env.items() if k not in LAUNCHER_VARS})
+    return output.getvalue()
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The same fit twice into one folder, the second resumed for one more epoch, then `test --ckpt_path last`."""
+    root = tmp_path_factory.mktemp("runs")
+    args = quick_args(root, "--trainer.max_epochs", "1")
+    printed = {"first": project("fit", *args), "second": project("fit", *args)}
+    first_weights = (run_folder(root, 0) / "checkpoints" / "last.ckpt").read_bytes()
+    printed["resumed"] = project("fit", *args, "--trainer.max_epochs", "2", "--ckpt_path", "last")
+    printed["test"] = project("test", *args, "--ckpt_path", "last")
+    return root, printed, first_weights
+
+
+def test_the_same_command_twice_trains_twice_into_new_run_folders(runs):
+    root, _, first_weights = runs
+    for version in (0, 1):
+        folder = run_folder(root, version)
+        assert {"config.yaml", "hparams.yaml", "metrics.csv"} <= {path.name for path in folder.iterdir()}
+        assert (folder / "checkpoints" / "last.ckpt").is_file()
+    assert (run_folder(root, 0) / "checkpoints" / "epoch=0-step=20.ckpt").is_file()  # 1,258 samples, batch 64
+    # Nothing of the first run was touched by the later ones.
+    assert (run_folder(root, 0) / "checkpoints" / "last.ckpt").read_bytes() == first_weights
+
+
+def test_fit_ckpt_path_last_resumes_the_newest_run_in_its_own_folder(runs):
+    root, printed, _ = runs
+    last = run_folder(root, 1) / "checkpoints" / "last.ckpt"
+    assert f"[project] resuming from {last}" in printed["resumed"]
+    assert torch.load(last, weights_only=True)["global_step"] == 40
+    assert (run_folder(root, 1) / "checkpoints" / "epoch=1-step=40.ckpt").is_file()
+    # Its logs continue the run's metrics.csv (epochs 0 and 1); its first config.yaml is kept beside this attempt's.
+    with (run_folder(root, 1) / "metrics.csv").open(newline="") as file:
+        epochs = {row["epoch"] for row in csv.DictReader(file) if row["val_acc"]}
+    assert epochs == {"0", "1"}
+    assert "max_epochs: 1\n" in (run_folder(root, 1) / "config.yaml").read_text()
+    assert "max_epochs: 2\n" in (run_folder(root, 1) / "config.resume-1.yaml").read_text()
+
+
+def test_test_ckpt_path_last_evaluates_the_newest_runs_checkpoint(runs):
+    root, printed, _ = runs
+    assert f"[project] loading {run_folder(root, 1) / 'checkpoints' / 'last.ckpt'}" in printed["test"]
+    assert (run_folder(root, 2) / "test_metrics.json").is_file()  # the test command's own log folder
+    assert not (run_folder(root, 2) / "checkpoints").exists()
+
+
+def test_ckpt_path_last_without_a_run_to_resume_is_an_error(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        project("fit", *quick_args(tmp_path / "run", "--ckpt_path", "last"))
+    assert exit_info.value.code == 2
+    assert not (tmp_path / "run").exists()
