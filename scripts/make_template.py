@@ -55,14 +55,17 @@ def file_edits(path: str, description: str) -> tuple[tuple[str, str], ...]:
     return ()
 
 
-PRE_GEN_HOOK = '''"""Stops cookiecutter before anything is written when the package name cannot be imported."""
+PRE_GEN_HOOK = '''"""Stops cookiecutter before anything is written when a name cannot be used."""
 
 import keyword
 import sys
 
+project_slug = "{{ cookiecutter.project_slug }}"
 package_name = "{{ cookiecutter.package_name }}"
-if not package_name.isidentifier() or keyword.iskeyword(package_name):
-    sys.exit(f"package_name must be a Python identifier (letters, digits, underscores), got {package_name!r}")
+if not project_slug:
+    sys.exit("project_name needs at least one ASCII letter or digit: it names the project folder")
+if not (package_name.isascii() and package_name.isidentifier()) or keyword.iskeyword(package_name):
+    sys.exit(f"package_name must be a Python identifier (ASCII letters, digits, underscores), got {package_name!r}")
 '''
 
 
@@ -126,7 +129,7 @@ def description(repo: Path) -> str:
 def cookiecutter_json(repo: Path) -> dict:
     return {
         "project_name": "My Lightning Project",
-        "project_slug": "{{ cookiecutter.project_name.lower().replace(' ', '-') }}",
+        "project_slug": "{{ cookiecutter.project_name | slugify }}",  # ASCII letters, digits, dashes
         "package_name": "{{ cookiecutter.project_slug.replace('-', '_') }}",
         "author": "Your Name",
         "description": description(repo),

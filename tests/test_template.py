@@ -3,8 +3,10 @@ cookiecutter as `my_vision_lab`, install it into a fresh virtual environment, ru
 
 import importlib.util
 import re
+import site
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import REPO, last_checkpoint, project_env
@@ -27,6 +29,7 @@ CONTEXT = {
     "description": "Vision experiments on many GPUs",
 }
 # The end-to-end tests need a commit to make the template from, and a name to rename the package from.
+TEXT_OUTPUT = {"capture_output": True, "text": True}
 end_to_end = pytest.mark.skipif(
     not IS_GIT_CHECKOUT or CONTEXT["package_name"] == NAME, reason="needs a git checkout of another package name"
 )
@@ -92,15 +95,37 @@ def rendered(template, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def venv_python(rendered, tmp_path_factory):
-    """A fresh venv reusing the installed torch/Lightning (no network), with the new project installed editable."""
+    """A fresh venv that sees this environment's packages (torch, Lightning: no network), with the new project
+    installed editable by this environment's pip and setuptools, never the base interpreter's."""
     project_dir, _ = rendered
     venv = tmp_path_factory.mktemp("venv")
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = venv / "bin" / "python"
+    own_site = subprocess.run([str(python), "-c", "import site; print(site.getsitepackages()[0])"], **TEXT_OUTPUT)
+    # A .pth file puts this environment's site-packages on the new one's path (`--system-site-packages` would
+    # expose the base interpreter's instead, when this is itself a venv).
+    (Path(own_site.stdout.strip()) / "parent_env.pth").write_text("\n".join(site.getsitepackages()) + "\n")
     install = [str(python), "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index", "-q"]
-    result = subprocess.run([*install, "-e", str(project_dir)], capture_output=True, text=True, timeout=300)
+    result = subprocess.run([*install, "-e", str(project_dir)], timeout=300, **TEXT_OUTPUT)
     assert result.returncode == 0, result.stderr[-3000:]
     return python
+
+
+@end_to_end
+@pytest.mark.parametrize(
+    ("project_name", "folder", "package"),
+    [
+        ("Zürich Lab: Vision & Co", "zurich-lab-vision-co", "zurich_lab_vision_co"),
+        (" Ça va? Déjà-vu!! 2 ", "ca-va-deja-vu-2", "ca_va_deja_vu_2"),
+    ],
+)
+def test_the_project_folder_is_a_clean_slug_of_any_project_name(template, tmp_path, project_name, folder, package):
+    path = cookiecutter_main.cookiecutter(
+        str(template), no_input=True, extra_context={"project_name": project_name}, output_dir=str(tmp_path)
+    )
+    assert Path(path) == tmp_path / folder
+    assert (tmp_path / folder / package / "cli.py").is_file()
+    assert (tmp_path / folder / "README.md").read_text().startswith(f"# {project_name}\n")
 
 
 @end_to_end
@@ -124,11 +149,21 @@ def test_rendered_project_uses_the_new_names_everywhere(rendered):
 
 
 @end_to_end
-def test_an_invalid_package_name_stops_cookiecutter_before_writing(template, tmp_path):
+@pytest.mark.parametrize(
+    "context",
+    [
+        {"package_name": "my-lab"},
+        {"package_name": "2nd_lab"},
+        {"package_name": "class"},
+        {"package_name": "zürich_lab"},
+        {"package_name": "my lab"},
+        {"project_name": "?!* ...", "package_name": "ok_name"},
+    ],
+    ids=["dash", "digit-first", "keyword", "non-ascii", "space", "no-letters"],
+)
+def test_an_unusable_name_stops_cookiecutter_before_writing(template, tmp_path, context):
     with pytest.raises(FailedHookException):
-        cookiecutter_main.cookiecutter(
-            str(template), no_input=True, extra_context={"package_name": "my-lab"}, output_dir=str(tmp_path)
-        )
+        cookiecutter_main.cookiecutter(str(template), no_input=True, extra_context=context, output_dir=str(tmp_path))
     assert not any(tmp_path.iterdir())
 
 
