@@ -55,15 +55,12 @@ def file_edits(path: str, description: str) -> tuple[tuple[str, str], ...]:
     return ()
 
 
-PRE_GEN_HOOK = '''"""Stops cookiecutter before anything is written when a name cannot be used."""
+PRE_GEN_HOOK = '''"""Stops cookiecutter before anything is written when the package name cannot be imported."""
 
 import keyword
 import sys
 
-project_slug = "{{ cookiecutter.project_slug }}"
 package_name = "{{ cookiecutter.package_name }}"
-if not project_slug:
-    sys.exit("project_name needs at least one ASCII letter or digit: it names the project folder")
 if not (package_name.isascii() and package_name.isidentifier()) or keyword.iskeyword(package_name):
     sys.exit(f"package_name must be a Python identifier (ASCII letters, digits, underscores), got {package_name!r}")
 '''

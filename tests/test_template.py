@@ -157,9 +157,8 @@ def test_rendered_project_uses_the_new_names_everywhere(rendered):
         {"package_name": "class"},
         {"package_name": "zürich_lab"},
         {"package_name": "my lab"},
-        {"project_name": "?!* ...", "package_name": "ok_name"},
     ],
-    ids=["dash", "digit-first", "keyword", "non-ascii", "space", "no-letters"],
+    ids=["dash", "digit-first", "keyword", "non-ascii", "space"],
 )
 def test_an_unusable_name_stops_cookiecutter_before_writing(template, tmp_path, context):
     with pytest.raises(FailedHookException):
