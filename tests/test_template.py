@@ -186,7 +186,7 @@ def test_rendered_project_installs_and_its_tests_and_lint_pass(rendered, venv_py
         timeout=300,
     )
     assert result.returncode == 0, result.stdout[-3000:]
-    assert re.search(r"\b\d+ passed, 4 skipped\b", result.stdout), result.stdout[-3000:]
+    assert re.search(r"\b\d+ passed, \d+ skipped in\b", result.stdout), result.stdout[-3000:]  # no failure, no error
     lint = subprocess.run(
         [str(venv_python), "-m", "ruff", "check", "."], cwd=project_dir, capture_output=True, text=True
     )
