@@ -29,8 +29,8 @@ from project.data import InMemoryDataModule
 from project.faults import FailFast, NonFiniteGuard, report
 from project.module import ClassificationModule
 
-# Names Trainer.fit/test/... resolve themselves instead of reading a file ("last" is resolved here, see runs.py).
-LIGHTNING_CKPT_ALIASES = ("best", "hpc", "registry")
+# Names Trainer.fit/test/... resolve themselves instead of reading a file ("last", "best", "auto": see runs.py).
+LIGHTNING_CKPT_ALIASES = ("hpc", "registry")
 # Lightning's default Rich bar redraws up to 100 times a second, from a thread that competes with training for the
 # GIL: measured in a terminal, that cost a small CPU step about 20%. Twice a second is as readable.
 PROGRESS_BAR_REFRESHES_PER_SECOND = 2
@@ -46,7 +46,7 @@ class ProjectCLI(LightningCLI):
         parser.link_arguments("data.input_shape", "model.network.init_args.input_shape", apply_on="instantiate")
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
-        """Resolves ``--ckpt_path last`` and refuses what cannot run, before anything is built or written.
+        """Resolves ``--ckpt_path last|best|auto`` and refuses what cannot run, before anything is built or written.
 
         Runs before LightningCLI reads the checkpoint's hyperparameters, which would fail with a raw traceback.
         """
@@ -55,8 +55,10 @@ class ProjectCLI(LightningCLI):
         if not subcommand:
             return
         config = self.config[subcommand]
-        if config.ckpt_path == "last":
-            self._resume_newest_run(config, continue_logging=subcommand == "fit")
+        if config.ckpt_path == "auto":
+            self._resume_if_possible(config)
+        elif config.ckpt_path in ("last", "best"):
+            self._use_newest_run(config, subcommand == "fit")
         elif subcommand == "fit" and config.ckpt_path is None:
             self._start_new_run(config)
         if config.ckpt_path and config.ckpt_path not in LIGHTNING_CKPT_ALIASES:
@@ -65,22 +67,46 @@ class ProjectCLI(LightningCLI):
             except CheckpointError as error:
                 parser.error(str(error))
 
-    def _resume_newest_run(self, config: Namespace, continue_logging: bool) -> None:
-        found = runs.newest_run(config)
+    def _use_newest_run(self, config: Namespace, continue_run: bool) -> None:
+        which = config.ckpt_path
+        try:
+            found = runs.find_checkpoint(config, which)
+        except ValueError as error:
+            self.parser.error(str(error))
         if found is None:
             where = runs.fixed_checkpoint_folder(config) or runs.versions_folder(config.trainer)
-            self.parser.error(f"--ckpt_path last: no run with a last.ckpt in {where}; start one with fit")
-        config.ckpt_path, version = str(found[0]), found[1]
-        if continue_logging and version is not None:
-            self.save_config_kwargs["config_filename"] = runs.continue_run(config, version)
-        rank_zero_only(report)(f"{'resuming from' if continue_logging else 'loading'} {config.ckpt_path}")
+            self.parser.error(f"--ckpt_path {which}: no run with a last.ckpt in {where}; start one with fit")
+        config.ckpt_path, folder = str(found[0]), found[1]
+        if continue_run and folder is not None:
+            self.save_config_kwargs["config_filename"] = runs.continue_run(config, folder)
+        rank_zero_only(report)(f"{'resuming from' if continue_run else 'loading'} {config.ckpt_path}")
+
+    def _resume_if_possible(self, config: Namespace) -> None:
+        """``fit --ckpt_path auto``, for jobs that restart themselves (torchrun ``--max-restarts``, Kubernetes): resume
+        the newest run when it has a checkpoint, else start. A torchrun restart continues the newest run's folder
+        even before its first checkpoint, so it never resumes an older run."""
+        restarted, newest = runs.restart_count() > 0, runs.find_checkpoint(config, "last")
+        folders = runs.run_folders(config) if runs.fixed_checkpoint_folder(config) is None else []
+        if restarted and folders and (newest is None or newest[1] != folders[0]):
+            self.save_config_kwargs["config_filename"] = runs.continue_run(config, folders[0])
+            config.ckpt_path = None
+            rank_zero_only(report)(
+                f"--ckpt_path auto: restart {runs.restart_count()}, no checkpoint yet: starting over"
+            )
+        elif newest is not None:
+            config.ckpt_path = "last"
+            self._use_newest_run(config, continue_run=True)
+        else:
+            config.ckpt_path = None
+            rank_zero_only(report)("--ckpt_path auto: no checkpoint to resume, starting a new run")
+            self._start_new_run(config)
 
     def _start_new_run(self, config: Namespace) -> None:
         """A fresh fit gets its own run folder; where every run shares one, refuse to write over an earlier run."""
         root = Path(config.trainer.get("default_root_dir") or ".")
         # A requeued SLURM job: Lightning resumes from the hpc_ckpt_N.ckpt it saved in default_root_dir.
         if SLURMEnvironment.detect() and any(root.glob("hpc_ckpt_*.ckpt")):
-            found = runs.newest_run(config)
+            found = runs.find_checkpoint(config, "last")
             if found is not None and found[1] is not None:  # it continues its run's folder
                 self.save_config_kwargs["config_filename"] = runs.continue_run(config, found[1])
             return
@@ -155,6 +181,7 @@ def main(args: list[str] | None = None) -> None:
         InMemoryDataModule,
         subclass_mode_data=True,
         trainer_defaults={"use_distributed_sampler": False},
+        save_config_callback=runs.RunRecord,
         save_config_kwargs={"overwrite": False},
         parser_kwargs={"prog": program_name()},
         args=args,
