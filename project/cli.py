@@ -39,8 +39,8 @@ PROGRESS_BAR_REFRESHES_PER_SECOND = 2
 class ProjectCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.link_arguments("trainer.default_root_dir", "trainer.logger.init_args.save_dir")  # a list: see runs.py
         parser.set_defaults({"checkpoint.save_last": True})
-        parser.link_arguments("trainer.default_root_dir", "trainer.logger.init_args.save_dir")
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
         parser.link_arguments("data.num_classes", "model.network.init_args.num_classes", apply_on="instantiate")
         parser.link_arguments("data.input_shape", "model.network.init_args.input_shape", apply_on="instantiate")
@@ -55,6 +55,7 @@ class ProjectCLI(LightningCLI):
         if not subcommand:
             return
         config = self.config[subcommand]
+        runs.default_save_dirs(config.trainer)
         if config.ckpt_path == "auto":
             self._resume_if_possible(config)
         elif config.ckpt_path in ("last", "best"):

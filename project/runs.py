@@ -32,6 +32,13 @@ def logger_configs(trainer: Namespace) -> list[Namespace]:
     return [item for item in loggers if isinstance(item, Namespace) and item.get("init_args") is not None]
 
 
+def default_save_dirs(trainer: Namespace) -> None:
+    """Loggers write under ``default_root_dir`` unless their config names another folder (a list of loggers too)."""
+    for logger in logger_configs(trainer):
+        if "save_dir" in logger.init_args and logger.init_args.save_dir is None:
+            logger.init_args.save_dir = trainer.get("default_root_dir") or "."
+
+
 def versions_folder(trainer: Namespace) -> Path | None:
     """``save_dir/name``, where the first logger numbers its runs; None when it numbers none."""
     loggers = logger_configs(trainer)

@@ -1,5 +1,7 @@
 """Shared fixtures: a clean environment per test and a runner for real `python -m project` processes."""
 
+import contextlib
+import io
 import os
 import socket
 import subprocess
@@ -46,6 +48,23 @@ def run_project(*args: str, cwd: Path, timeout: float = 300, env: dict | None = 
         text=True,
         timeout=timeout,
     )
+
+
+def run_in_process(*args: str) -> str:
+    """`python -m project ARGS` in this process, what it printed (one rank only: Lightning would launch others by
+    rerunning pytest). Saves a run's start-up (imports, about 8 s): for single-process runs."""
+    from project.cli import main
+
+    output, saved_env, saved_argv = io.StringIO(), dict(os.environ), sys.argv
+    sys.argv = ["project"]  # LightningCLI warns when sys.argv (pytest's) and args are both given
+    try:
+        with contextlib.redirect_stdout(output), contextlib.redirect_stderr(output):
+            main(list(args))
+    finally:
+        sys.argv = saved_argv
+        os.environ.clear()
+        os.environ.update({k: v for k, v in saved_env.items() if k not in LAUNCHER_VARS})
+    return output.getvalue()
 
 
 def run_folder(root: Path, version: int | None = None) -> Path:

@@ -1,31 +1,12 @@
 """Reruns never collide: every fit is a new run folder beside the earlier ones, `--ckpt_path last` is the newest
 run's last.ckpt, and a resumed fit continues its own run's folder and logs."""
 
-import contextlib
 import csv
-import io
-import os
-import sys
 
 import pytest
 import torch
-from conftest import LAUNCHER_VARS, quick_args, run_folder
-
-from project.cli import main
-
-
-def project(*args: str) -> str:
-    """`python -m project ARGS` in this process (one rank, so no launcher): what it printed."""
-    output, saved_env, saved_argv = io.StringIO(), dict(os.environ), sys.argv
-    sys.argv = ["project"]  # LightningCLI warns when sys.argv (pytest's) and args are both given
-    try:
-        with contextlib.redirect_stdout(output), contextlib.redirect_stderr(output):
-            main(list(args))
-    finally:
-        sys.argv = saved_argv
-        os.environ.clear()
-        os.environ.update({k: v for k, v in saved_env.items() if k not in LAUNCHER_VARS})
-    return output.getvalue()
+from conftest import quick_args, run_folder
+from conftest import run_in_process as project
 
 
 @pytest.fixture(scope="module")
