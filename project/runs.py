@@ -113,7 +113,7 @@ class RunRecord(SaveConfigCallback):
     trackers refuse to change a parameter), and each tracker's run id in ``trackers.json`` so a resume continues it."""
 
     def save_config(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        if stage != "fit" or not trainer.loggers:
+        if not trainer.loggers:
             return
         if self.config_filename == "config.yaml":  # a first attempt
             params = flatten(self.parser.dump(self.config, skip_none=False, format="json"))
@@ -125,7 +125,8 @@ class RunRecord(SaveConfigCallback):
             if index > 0 and isinstance(run_id := getattr(logger, "run_id", None) or logger.version, str)
         }
         if trackers:
-            (Path(trainer.log_dir) / TRACKERS_FILE).write_text(json.dumps(trackers, indent=2) + "\n")
+            # loggers[0].log_dir, not trainer.log_dir: that one broadcasts, and only rank 0 is here
+            (Path(trainer.loggers[0].log_dir) / TRACKERS_FILE).write_text(json.dumps(trackers, indent=2) + "\n")
 
 
 def flatten(config_json: str) -> dict[str, Any]:

@@ -46,7 +46,7 @@ def mlflow_runs(tmp_path_factory):
     result = run_project("test", *args, "--trainer.devices", "1", "--ckpt_path", "last", cwd=cwd)
     assert result.returncode == 0, result.stderr[-3000:]
     client = mlflow.MlflowClient(f"sqlite:///{cwd}/runs/mlflow.db")
-    [experiment] = client.search_experiments()
+    experiment = client.get_experiment_by_name("digits")
     found = {run.info.run_id: run for run in client.search_runs([experiment.experiment_id])}
     return root, client, found
 

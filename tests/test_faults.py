@@ -5,6 +5,8 @@ Failures are injected by ``fault_injection.FailAt`` (tests/ is put on the childr
 
 import re
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -108,6 +110,30 @@ def test_a_killed_run_resumes_to_the_same_weights(uninterrupted, tmp_path, check
     final = torch.load(last, weights_only=True)
     assert final["global_step"] == 20
     assert final["state_dict"].keys() == uninterrupted.keys()
+    for name, value in uninterrupted.items():
+        assert torch.equal(final["state_dict"][name], value), name
+
+
+def test_torchrun_restarts_a_killed_rank_and_the_run_resumes_itself_to_the_same_weights(uninterrupted, tmp_path):
+    """`torchrun --max-restarts 1` with `--ckpt_path auto`: rank 1 is SIGKILLed after the first epoch's checkpoint;
+    torchrun restarts both ranks, which resume from that checkpoint by themselves."""
+    root = tmp_path / "run"
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    args = quick_args(root, "--trainer.devices", "2", *RESUMABLE, "--ckpt_path", "auto")
+    args += [*fail_at(13, 1, "sigkill"), "--trainer.callbacks.first_attempt_only", "true"]
+    result = subprocess.run(
+        [*torchrun, "--max-restarts", "1", "-m", "project", "fit", *args],
+        cwd=REPO,
+        env=project_env(PYTHONPATH=TESTS),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "--ckpt_path auto: no checkpoint to resume, starting a new run" in result.stderr
+    assert f"[project] resuming from {last_checkpoint(root)}" in result.stderr  # the restart, in the same run
+    final = torch.load(last_checkpoint(root), weights_only=True)
+    assert final["global_step"] == 20 and len(list(root.glob("lightning_logs/version_*"))) == 1
     for name, value in uninterrupted.items():
         assert torch.equal(final["state_dict"][name], value), name
 
