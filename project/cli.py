@@ -177,6 +177,10 @@ def main(args: list[str] | None = None) -> None:
     argv = sys.argv[1:] if args is None else args
     if argv[:1] == ["doctor"]:
         sys.exit(doctor.main(argv[1:]))
+    if argv[:1] == ["sweep"]:
+        from project import sweep  # Optuna is an optional extra
+
+        sys.exit(sweep.main(argv[1:]))
     ProjectCLI(
         ClassificationModule,
         InMemoryDataModule,
