@@ -1,6 +1,7 @@
 """Optuna sweeps through the real CLI: a study in SQLite that survives a stop, trials that are real fits, the best
 config that reruns to its recorded accuracy, and bad input refused before any training."""
 
+import csv
 import json
 import subprocess
 import sys
@@ -63,13 +64,8 @@ def test_the_best_config_reruns_to_the_recorded_accuracy(stopped_and_resumed, tm
     best = optuna.load_study(study_name="sweep", storage=f"sqlite:///{sweep_dir}/sweep.db").best_trial
     config = sweep_dir / "runs" / "sweep" / "best.yaml"
     run_in_process("fit", "--config", str(config), "--trainer.default_root_dir", str(tmp_path))
-    with (run_folder(tmp_path) / "metrics.csv").open() as file:
-        val_acc = [
-            float(row.split(",")[header.index("val_acc")])
-            for header in [file.readline().strip().split(",")]
-            for row in file
-            if row.split(",")[header.index("val_acc")]
-        ]
+    with (run_folder(tmp_path) / "metrics.csv").open(newline="") as file:
+        val_acc = [float(row["val_acc"]) for row in csv.DictReader(file) if row["val_acc"]]
     assert val_acc[-1] == pytest.approx(best.value, abs=1e-6)
 
 
