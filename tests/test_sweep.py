@@ -3,13 +3,11 @@ config that reruns to its recorded accuracy, and bad input refused before any tr
 
 import csv
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import DIGITS_CONFIG, REPO, project_env, run_folder, run_in_process
+from conftest import DIGITS_CONFIG, run_folder, run_in_process
 
 optuna = pytest.importorskip("optuna")
 
@@ -20,11 +18,16 @@ SPACE = {
 FIT = ["--config", str(DIGITS_CONFIG), "--trainer.max_epochs", "2", "--trainer.enable_progress_bar", "false"]
 
 
-def sweep(tmp_path: Path, *args: str, space: dict = SPACE, fit: tuple = ()) -> subprocess.CompletedProcess:
+def sweep(tmp_path: Path, *args: str, space: dict = SPACE, fit: tuple = ()) -> int:
+    """`python -m project sweep ARGS` in this process (its trials are real `python -m project fit` processes)."""
+    from project.sweep import main
+
     (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
-    command = [sys.executable, "-m", "project", "sweep", "--space", str(tmp_path / "space.yaml"), *args]
-    command += ["--storage", f"sqlite:///{tmp_path}/sweep.db", "--root", str(tmp_path / "runs"), "--", *FIT, *fit]
-    return subprocess.run(command, cwd=REPO, env=project_env(), capture_output=True, text=True, timeout=600)
+    command = ["--space", str(tmp_path / "space.yaml"), *args, "--storage", f"sqlite:///{tmp_path}/sweep.db"]
+    try:
+        return main([*command, "--root", str(tmp_path / "runs"), "--", *FIT, *fit])
+    except SystemExit as exit_info:
+        return exit_info.code
 
 
 def trials(tmp_path: Path, study: str = "sweep") -> list:
@@ -34,11 +37,9 @@ def trials(tmp_path: Path, study: str = "sweep") -> list:
 @pytest.fixture(scope="module")
 def stopped_and_resumed(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("sweep")
-    first = sweep(tmp_path, "--trials", "2")
-    assert first.returncode == 0, first.stderr[-3000:]
+    assert sweep(tmp_path, "--trials", "2") == 0
     after_stop = len(trials(tmp_path))
-    second = sweep(tmp_path, "--trials", "4")
-    assert second.returncode == 0, second.stderr[-3000:]
+    assert sweep(tmp_path, "--trials", "4") == 0
     return tmp_path, after_stop
 
 
@@ -79,21 +80,21 @@ def test_the_best_config_reruns_to_the_recorded_accuracy(stopped_and_resumed, tm
     ],
     ids=["unknown-key", "empty-range", "log-of-zero", "not-a-range"],
 )
-def test_a_bad_search_space_is_refused_before_training(tmp_path, space, message):
-    result = sweep(tmp_path, "--trials", "1", space=space)
-    assert result.returncode == 2 and message in result.stderr
+def test_a_bad_search_space_is_refused_before_training(tmp_path, capsys, space, message):
+    assert sweep(tmp_path, "--trials", "1", space=space) == 2
+    assert message in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()
 
 
-def test_a_study_name_started_with_another_space_is_refused(stopped_and_resumed, tmp_path):
+def test_a_study_name_started_with_another_space_is_refused(stopped_and_resumed, capsys):
     sweep_dir, _ = stopped_and_resumed
-    result = sweep(sweep_dir, "--trials", "5", space={"model.optimizer.init_args.lr": {"low": 0.1, "high": 0.2}})
-    assert result.returncode == 2 and "study 'sweep'" in result.stderr and "another space" in result.stderr
+    assert sweep(sweep_dir, "--trials", "5", space={"model.optimizer.init_args.lr": {"low": 0.1, "high": 0.2}}) == 2
+    assert "study 'sweep'" in (err := capsys.readouterr().err) and "another space" in err
     assert len(trials(sweep_dir)) == 4
 
 
-def test_a_failed_trial_is_recorded_as_failed_and_the_sweep_goes_on(tmp_path):
+def test_a_failed_trial_is_recorded_as_failed_and_the_sweep_goes_on(tmp_path, capsys):
     space = {"model.optimizer.init_args.lr": {"low": 0.05, "high": 0.3}}
-    result = sweep(tmp_path, "--trials", "2", "--study", "fails", space=space, fit=("--trainer.max_epochs", "-5"))
+    assert sweep(tmp_path, "--trials", "2", "--study", "fails", space=space, fit=("--trainer.max_epochs", "-5")) == 1
     assert [trial.state.name for trial in trials(tmp_path, "fails")] == ["FAIL", "FAIL"]
-    assert result.returncode == 1 and "no trial completed" in result.stderr
+    assert "no trial completed" in capsys.readouterr().err
