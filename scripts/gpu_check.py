@@ -1,0 +1,107 @@
+"""The GPU proof: every GPU path of the template, run for real on one GPU, in a few minutes.
+
+    python scripts/gpu_check.py                  # after scripts/gpu_check.sh has installed the project offline
+
+Writes ``runs/gpu_check/gpu_check.json`` (one entry per check: passed, seconds, figures) and ``gpu_check.log`` (every
+command's output). Checks: the doctor; a 1-GPU fit with configs/gpu.yaml (NCCL, bf16) to test accuracy >= 0.90, and
+a ``test`` of its checkpoint; the same fit with ``torch.cuda.set_sync_debug_mode("error")`` on for the steady steps
+between logging steps (any host sync there fails the run); configs/fsdp.yaml on 1 GPU; torch.compile; the
+benchmark's CUDA rows. Exit code 0 only when every check passed.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+
+REPO = Path(__file__).resolve().parents[1]
+OUT = REPO / "runs" / "gpu_check"
+BASE = ["--config", "configs/digits.yaml", "--config", "configs/gpu.yaml", "--trainer.devices", "1"]
+QUIET = ["--trainer.enable_progress_bar", "false"]
+
+
+class SyncDebug(Callback):
+    """Turns CUDA sync debugging to "error" for every training step that is not a logging step (nor the first)."""
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        steady = trainer.global_step > 0 and (trainer.global_step + 1) % trainer.log_every_n_steps != 0
+        torch.cuda.set_sync_debug_mode("error" if steady else 0)
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
+        torch.cuda.set_sync_debug_mode(0)
+
+
+def run(log, *command: str, timeout: float = 240) -> tuple[int, str]:
+    env = {**os.environ, "PYTHONPATH": f"{REPO / 'scripts'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    log.write(f"\n$ {' '.join(command)}\n")
+    try:
+        result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+        output, code = result.stdout + result.stderr, result.returncode
+    except subprocess.TimeoutExpired as error:
+        output, code = f"{error.stdout or ''}{error.stderr or ''}\ntimed out after {timeout} s", 124
+    log.write(output)
+    log.flush()
+    return code, output
+
+
+def project(log, *args: str, timeout: float = 240) -> tuple[int, str]:
+    return run(log, sys.executable, "-m", "project", *args, timeout=timeout)
+
+
+def test_acc(root: Path) -> float | None:
+    found = sorted(root.glob("lightning_logs/version_*/test_metrics.json"))
+    return json.loads(found[-1].read_text())["test_acc"] if found else None
+
+
+def fit_and_test(log, name: str, *extra: str, epochs: int = 20) -> dict[str, Any]:
+    root = OUT / name
+    args = [*BASE, *QUIET, "--trainer.default_root_dir", str(root), "--trainer.max_epochs", str(epochs), *extra]
+    fit_code, _ = project(log, "fit", *args)
+    test_code, _ = project(log, "test", *args, "--ckpt_path", "last") if fit_code == 0 else (None, "")
+    accuracy = test_acc(root)
+    return {"passed": fit_code == 0 and test_code == 0 and (accuracy or 0) >= 0.90, "test_acc": accuracy}
+
+
+def checks(log) -> dict[str, Any]:
+    doctor_code, doctor = project(log, "doctor")
+    sync_code, sync_output = project(
+        log, "fit", *BASE, *QUIET, "--trainer.default_root_dir", str(OUT / "sync_debug"),
+        "--trainer.max_epochs", "2", "--trainer.callbacks+=gpu_check.SyncDebug",
+    )  # fmt: skip
+    bench = OUT / "benchmark.json"
+    bench_code, _ = run(log, sys.executable, "scripts/benchmark.py", "--cuda-only", "--output", str(bench), timeout=420)
+    return {
+        "doctor": {"passed": doctor_code == 0, "report": doctor[-2000:]},
+        "fit_gpu_yaml_bf16": fit_and_test(log, "fit"),
+        "no_host_sync_in_steady_steps": {"passed": sync_code == 0, "error": sync_output[-500:] if sync_code else None},
+        "fsdp_one_gpu": fit_and_test(log, "fsdp", "--config", "configs/fsdp.yaml", "--trainer.devices", "1"),
+        "compile": fit_and_test(log, "compile", "--model.compile", "true"),
+        "benchmark_cuda": {
+            "passed": bench_code == 0,
+            "results": json.loads(bench.read_text()) if bench.is_file() else None,
+        },
+    }
+
+
+def main() -> int:
+    if not torch.cuda.is_available():
+        print("gpu_check: no CUDA device here", file=sys.stderr)
+        return 2
+    OUT.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    with open(OUT / "gpu_check.log", "w") as log:
+        results = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, **checks(log)}
+    results["seconds"] = round(time.monotonic() - start, 1)
+    (OUT / "gpu_check.json").write_text(json.dumps(results, indent=2) + "\n")
+    print(json.dumps(results, indent=2))
+    return 0 if all(check["passed"] for check in results.values() if isinstance(check, dict)) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

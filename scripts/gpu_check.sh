@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The GPU proof in one command, for a single-GPU node with no network (a common air-gapped cluster node):
+# install the project offline from wheels kept beside it, then run scripts/gpu_check.py (JSON + log in runs/gpu_check/).
+#
+#   on a machine with network, once:   bash scripts/gpu_check.sh --download      # fills wheels/
+#   on the GPU node:                   bash scripts/gpu_check.sh
+#
+# Such nodes often have torch, Lightning, torchmetrics and scikit-learn but not jsonargparse and its extras: those
+# come from wheels/. Nothing is downloaded on the GPU node (--no-index), nothing replaces its torch (--no-deps for
+# the project itself).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+WHEELS=${WHEELS:-wheels}
+if [[ ${1:-} == --download ]]; then
+  python -m pip download -d "$WHEELS" "jsonargparse[signatures]>=4.27" "rich>=12" "docstring-parser" "typeshed-client"
+  exit 0
+fi
+python -m pip install -q --no-index --find-links "$WHEELS" "jsonargparse[signatures]>=4.27" "rich>=12"
+python -m pip install -q --no-index --no-deps --no-build-isolation -e .
+python scripts/gpu_check.py "$@"
