@@ -2,6 +2,7 @@
 
 import contextlib
 import io
+import logging
 import os
 import socket
 import subprocess
@@ -57,10 +58,14 @@ def run_in_process(*args: str) -> str:
 
     output, saved_env, saved_argv = io.StringIO(), dict(os.environ), sys.argv
     sys.argv = ["project"]  # LightningCLI warns when sys.argv (pytest's) and args are both given
+    # Lightning's messages go through its loggers, whose handlers hold the stream of whichever test imported it.
+    handler, lightning_logger = logging.StreamHandler(output), logging.getLogger("lightning.pytorch")
+    lightning_logger.addHandler(handler)
     try:
         with contextlib.redirect_stdout(output), contextlib.redirect_stderr(output):
             main(list(args))
     finally:
+        lightning_logger.removeHandler(handler)
         sys.argv = saved_argv
         os.environ.clear()
         os.environ.update({k: v for k, v in saved_env.items() if k not in LAUNCHER_VARS})
