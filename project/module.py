@@ -71,8 +71,8 @@ class ClassificationModule(LightningModule):
         trainer = self._trainer  # None when the module is used on its own
         if trainer is None:
             return True
-        shown = trainer.loggers or trainer.progress_bar_callback
-        return bool(shown) and (trainer.global_step + 1) % trainer.log_every_n_steps == 0
+        logged = (trainer.global_step + 1) % trainer.log_every_n_steps == 0
+        return logged and bool(trainer.loggers or trainer.progress_bar_callback)
 
     def validation_step(self, batch: list[Tensor], batch_idx: int) -> None:
         self._evaluate(batch, "val")
