@@ -2,7 +2,7 @@
 
 What a checkpoint restores: weights, optimizer and scheduler state, the loops' progress (epoch, step,
 batch within the epoch), the in-memory loader's position (``TensorBatchLoader``) and, through
-``RNGStateCheckpoint``, every rank's torch/CUDA/numpy/random generator states.
+``gather_rng_states``, every rank's torch/CUDA/numpy/random generator states.
 """
 
 import os
@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from lightning.fabric.plugins import TorchCheckpointIO
-from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch import Trainer
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
 
@@ -67,28 +67,28 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         return load_checkpoint_file(path, map_location)
 
 
-class RNGStateCheckpoint(Callback):
-    """Puts every rank's RNG states in each checkpoint and restores them when ``fit`` resumes.
+def gather_rng_states(trainer: Trainer) -> list[dict[str, Any]]:
+    """Every rank's RNG states, in rank order, for the checkpoint (each rank draws its own numbers).
 
-    Lightning's checkpoints hold none, so after a resume dropout and random augmentation would draw
-    other numbers than the uninterrupted run. States are gathered from all ranks (each rank draws its own).
+    Lightning's checkpoints hold none, so after a resume dropout and random augmentation would draw other
+    numbers than the uninterrupted run. Called on every rank (``on_save_checkpoint``): it is a collective.
     """
+    states = [rng_states()]
+    if trainer.world_size > 1 and dist.is_available() and dist.is_initialized():
+        own, states = states[0], [None] * trainer.world_size
+        dist.all_gather_object(states, own)
+    return states
 
-    def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
-        states = [rng_states()]
-        if trainer.world_size > 1 and dist.is_available() and dist.is_initialized():
-            own, states = states[0], [None] * trainer.world_size
-            dist.all_gather_object(states, own)
-        checkpoint["rng_states"] = states
 
-    def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
-        states = checkpoint.get("rng_states")
-        if states is None or trainer.state.fn != TrainerFn.FITTING:
-            return
-        if len(states) != trainer.world_size:
-            rank_zero_warn(f"RNG states not restored: saved by {len(states)} ranks, resumed on {trainer.world_size}")
-            return
-        set_rng_states(states[trainer.global_rank])
+def restore_rng_states(trainer: Trainer, checkpoint: dict[str, Any]) -> None:
+    """Restores this rank's RNG states when ``fit`` resumes from a checkpoint saved by as many ranks."""
+    states = checkpoint.get("rng_states")
+    if states is None or trainer.state.fn != TrainerFn.FITTING:
+        return
+    if len(states) != trainer.world_size:
+        rank_zero_warn(f"RNG states not restored: saved by {len(states)} ranks, resumed on {trainer.world_size}")
+        return
+    set_rng_states(states[trainer.global_rank])
 
 
 def rng_states() -> dict[str, Any]:

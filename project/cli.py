@@ -23,10 +23,10 @@ from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from project import doctor, runs
-from project.callbacks import PredictionsWriter, SamplesPerSecond, TestMetricsWriter
-from project.checkpointing import AtomicCheckpointIO, CheckpointError, RNGStateCheckpoint, load_checkpoint_file
+from project.callbacks import PredictionsWriter, RunGuard, TestMetricsWriter
+from project.checkpointing import AtomicCheckpointIO, CheckpointError, load_checkpoint_file
 from project.data import InMemoryDataModule
-from project.faults import FailFast, NonFiniteGuard, report
+from project.faults import report
 from project.module import ClassificationModule
 
 # Names Trainer.fit/test/... resolve themselves instead of reading a file ("last", "best", "auto": see runs.py).
@@ -40,6 +40,7 @@ class ProjectCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
         parser.link_arguments("trainer.default_root_dir", "trainer.logger.init_args.save_dir")  # a list: see runs.py
+        parser.add_lightning_class_args(RunGuard, "guard")  # fail-fast, NaN guard, RNG states, preemption, samples/s
         parser.set_defaults({"checkpoint.save_last": True})
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
         parser.link_arguments("data.num_classes", "model.network.init_args.num_classes", apply_on="instantiate")
@@ -136,9 +137,9 @@ class ProjectCLI(LightningCLI):
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         """Adds what every run needs, whatever the config's callbacks: crash-safe checkpoints, a progress bar
-        that redraws twice a second (unless the config gives its own), fail-fast handling; for fit, the NaN guard,
-        RNG states for an exact resume, samples/s and, when there is a logger, a learning-rate monitor (Lightning's
-        raises without one); test and predict write their files."""
+        that redraws twice a second (unless the config gives its own), ``RunGuard`` (the ``guard`` key) and, for fit
+        with a logger, a learning-rate monitor (Lightning's raises without one); test and predict write their files.
+        """
         trainer = super().instantiate_trainer(**kwargs)
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # the default: not one chosen in the config
             trainer.strategy.checkpoint_io = AtomicCheckpointIO()
@@ -146,13 +147,9 @@ class ProjectCLI(LightningCLI):
         if type(bar) is RichProgressBar and bar not in (self._get(self.config_init, "trainer").callbacks or []):
             trainer.callbacks[trainer.callbacks.index(bar)] = RichProgressBar(PROGRESS_BAR_REFRESHES_PER_SECOND)
         # Only the subcommand's own: every callback is called at every hook of every step.
-        # First in the list: they run before ModelCheckpoint, which Lightning puts last.
         stages = {self.subcommand} if self.subcommand else {"fit", "test", "predict"}  # run=False: any may follow
-        trainer.callbacks.insert(0, FailFast())
-        if "fit" in stages:
-            trainer.callbacks[1:1] = [NonFiniteGuard(), RNGStateCheckpoint(), SamplesPerSecond()]
-            if trainer.loggers:
-                trainer.callbacks.append(LearningRateMonitor())
+        if "fit" in stages and trainer.loggers:
+            trainer.callbacks.append(LearningRateMonitor())
         if "test" in stages:
             trainer.callbacks.append(TestMetricsWriter())
         if "predict" in stages:

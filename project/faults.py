@@ -8,11 +8,11 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import torch
-from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch import Trainer
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 
 DIST_HINT = (
@@ -21,8 +21,10 @@ DIST_HINT = (
 )
 
 
-class FailFast(Callback):
+class FailFast:
     """On an exception in any rank: say which rank failed and at which step, and stop the ranks it launched.
+
+    Driven by ``RunGuard`` (project/callbacks.py), the callback that holds the template's per-run checks.
 
     Lightning's own launcher (``devices > 1`` without torchrun or SLURM) starts local ranks 1..n-1 from
     rank 0's process. It kills them only on Ctrl-C; a rank 0 that fails otherwise would leave them blocked
@@ -34,7 +36,7 @@ class FailFast(Callback):
         # Not in setup(): a failure to join the process group comes before it.
         self._parent_pid = os.getppid()
 
-    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+    def on_exception(self, trainer: Trainer, exception: BaseException) -> None:
         where = f"rank {trainer.global_rank}/{trainer.world_size} failed at step {trainer.global_step}"
         report(f"{where}: {type(exception).__name__}: {first_line(exception)}")
         if isinstance(exception, torch.distributed.DistError):
@@ -61,47 +63,45 @@ class FailFast(Callback):
         return wait_until(lambda: os.getppid() != self._parent_pid)
 
 
-class NonFiniteGuard(Callback):
-    """Stops training when the loss turns NaN/inf, naming the step, and never saves non-finite weights.
+class NonFiniteLosses:
+    """Stops training when the loss turns NaN/inf, naming the step, and never lets non-finite weights be saved.
 
-    The first bad step is recorded on the loss's device and read every ``log_every_n_steps`` steps, at epoch
-    end and before each checkpoint: no host sync per step. It runs before ``ModelCheckpoint`` (Lightning
-    orders checkpoint callbacks last), so the last checkpoint keeps the last finite weights.
+    Each step only keeps its (already detached) loss tensor; they are checked together every ``log_every_n_steps``
+    steps, at epoch end and before each checkpoint: one host sync per window, none per step. ``RunGuard`` runs
+    before ``ModelCheckpoint`` (Lightning orders checkpoint callbacks last), so the last checkpoint keeps the last
+    finite weights.
     """
 
-    _first_bad_step: torch.Tensor | None = None
+    def __init__(self) -> None:
+        self._losses: list[torch.Tensor] = []
+        self._first_step = 0  # the global step after the window's first loss
 
-    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._first_bad_step = torch.tensor(-1, device=pl_module.device)
-
-    def on_train_batch_end(
-        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
-        loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+    def record(self, loss: Any, trainer: Trainer) -> None:
+        if not self._losses:
+            self._first_step = trainer.global_step
         if isinstance(loss, torch.Tensor):
-            newly_bad = (self._first_bad_step < 0) & ~torch.isfinite(loss.detach()).all()
-            self._first_bad_step = torch.where(newly_bad, trainer.global_step, self._first_bad_step)
-        if trainer.global_step % trainer.log_every_n_steps == 0:
-            self._raise_if_bad(trainer)
+            self._losses.append(loss)
+        if len(self._losses) >= trainer.log_every_n_steps:
+            self.check(trainer)
 
-    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._raise_if_bad(trainer)
-
-    def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
-        self._raise_if_bad(trainer)
-        state = checkpoint["state_dict"]
-        bad = [name for name, value in state.items() if value.is_floating_point() and not value.isfinite().all()]
-        if bad:
-            raise FloatingPointError(
-                f"non-finite weights at step {trainer.global_step} ({', '.join(bad[:3])}): not saving a checkpoint"
-            )
-
-    def _raise_if_bad(self, trainer: Trainer) -> None:
-        step = -1 if self._first_bad_step is None else int(self._first_bad_step)
-        if step >= 0:
+    def check(self, trainer: Trainer) -> None:
+        losses, self._losses = self._losses, []
+        if not losses:
+            return
+        finite = torch.stack(losses).isfinite()  # the losses are scalars: backward needs one
+        if not finite.all():
+            step = self._first_step + int((~finite).nonzero()[0])
             raise FloatingPointError(
                 f"the training loss became NaN or inf at step {step} (seen at step {trainer.global_step});"
                 " training stopped and no checkpoint holds the damage: lower the learning rate, or check the data"
+            )
+
+    def check_weights(self, trainer: Trainer, state_dict: dict[str, torch.Tensor]) -> None:
+        self.check(trainer)
+        bad = [name for name, value in state_dict.items() if value.is_floating_point() and not value.isfinite().all()]
+        if bad:
+            raise FloatingPointError(
+                f"non-finite weights at step {trainer.global_step} ({', '.join(bad[:3])}): not saving a checkpoint"
             )
 
 

@@ -1,16 +1,21 @@
-"""Races the template (the real ``python -m project fit``) against the hand-written DDP script it replaces.
+"""Races the template (the real ``python -m project fit``) against the hand-written DDP script it replaces and
+against the bare Lightning Trainer, so that what Lightning costs and what the template adds are told apart.
 
     python scripts/benchmark.py                        # CPU/gloo on 1 and 2 processes, plus GPU/NCCL when present
     python scripts/benchmark.py --quick --only cpu-dataloader-1p cpu-in-memory-2p   # a smoke run (tests)
     python scripts/benchmark.py --threads 1   # shared machine: 2-thread runs stall whenever another process runs
 
-Each configuration (device, pipeline "dataloader" or "in-memory", processes) runs both sides alternately
-``--repeats`` times with the same network, data, per-rank batch, steps, seed and OMP_NUM_THREADS, and reports
-medians: steps/s and samples/s from the first step's start to the last step's end (timed in-process), wall time
-from launch to exit, time to first step, peak memory, and the template/hand-written ratio. Both sides must start
-from identical weights and end at the same loss (exit 1 otherwise). Also reported: the template's defaults
-(in-memory) against the classic DataLoader script, and 2-vs-1-process scaling of a wider, compute-bound MLP.
-The template is timed by ``StepTimer``, which its CLI loads from this file by class path (scripts/ on PYTHONPATH).
+Each configuration (device, pipeline "dataloader" or "in-memory", processes, network) runs the three sides
+alternately ``--repeats`` times with the same network, data, per-rank batch, steps, seed and OMP_NUM_THREADS:
+``plain`` (scripts/plain_ddp.py), ``bare`` (scripts/bare_lightning.py: a Trainer and a LightningModule with only
+training_step and configure_optimizers) and ``template``. It reports medians: steps/s and samples/s from the first
+step's start to the last step's end (timed in-process), wall time from launch to exit, time to first step, peak
+memory, and the template's ratios to both. Every side must start from identical weights and end at the same loss
+(exit 1 otherwise). Also reported: the template's defaults (in-memory) against the classic DataLoader script, and
+2-vs-1-process scaling of a wider, compute-bound MLP. Rows: the digits MLP, the wide MLP, and ``-cnn``, the
+SmallCNN on synthetic 3x32x32 images (batch 128), a compute-realistic step.
+Bare Lightning and the template are timed by ``StepTimer``, which the template's CLI loads from this file by class
+path (scripts/ on PYTHONPATH).
 """
 
 import argparse
@@ -34,7 +39,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from plain_ddp import LAST_STEPS, LAUNCH_TIME, rank_stats, weights_digest, write_rank_stats
 
 REPO = Path(__file__).resolve().parents[1]
-SIDES = ("plain", "template")
+SIDES = ("plain", "bare", "template")
 PIPELINES = ("dataloader", "in-memory")
 DEFAULT_NET, WIDE_NET = (128, 64), (1024, 1024)
 SEED = 42  # initial weights (seed_everything) and training order (DistributedSampler) on both sides
@@ -83,10 +88,12 @@ class Config:
     batch_size: int
     steps: int
     hidden_sizes: tuple[int, ...] = DEFAULT_NET
+    network: str = "mlp"  # or "cnn": SmallCNN on synthetic 3x32x32 images
 
     @property
     def name(self) -> str:
-        return f"{self.device}-{self.pipeline}-{self.nprocs}p" + ("-wide" if self.hidden_sizes == WIDE_NET else "")
+        suffix = "-cnn" if self.network == "cnn" else "-wide" if self.hidden_sizes == WIDE_NET else ""
+        return f"{self.device}-{self.pipeline}-{self.nprocs}p{suffix}"
 
 
 def all_configs(args: argparse.Namespace) -> list[Config]:
@@ -97,6 +104,7 @@ def all_configs(args: argparse.Namespace) -> list[Config]:
     for device, nprocs in counts.items():
         configs += [Config(device, p, n, args.batch_size, args.steps) for p in PIPELINES for n in nprocs]
         configs += [Config(device, "in-memory", n, args.wide_batch_size, args.wide_steps, WIDE_NET) for n in nprocs]
+        configs += [Config(device, "in-memory", n, args.cnn_batch_size, args.cnn_steps, network="cnn") for n in nprocs]
     return configs
 
 
@@ -117,22 +125,28 @@ def child_env(nprocs: int, threads: int | None) -> dict[str, str]:
 
 
 def launches(side: str, config: Config, workdir: Path) -> list[tuple[list[str], dict[str, str]]]:
-    """(command, extra environment) per process we start: every rank for plain, rank 0 for the template."""
+    """(command, extra environment) per process we start: every rank for plain, rank 0 for Lightning's launcher."""
     output = workdir / side
-    if side == "plain":
-        command = [sys.executable, str(REPO / "scripts" / "plain_ddp.py"), "--output-dir", str(output)]
-        command += ["--steps", str(config.steps), "--batch-size", str(config.batch_size), "--seed", str(SEED)]
-        command += ["--pipeline", config.pipeline, "--device", config.device, "--hidden-sizes"]
-        command += [str(size) for size in config.hidden_sizes]
+    if side in ("plain", "bare"):
+        args = ["--output-dir", str(output), "--steps", str(config.steps), "--batch-size", str(config.batch_size)]
+        args += ["--seed", str(SEED), "--pipeline", config.pipeline, "--device", config.device]
+        args += ["--network", config.network, "--hidden-sizes", *map(str, config.hidden_sizes)]
+        if side == "bare":
+            bare = [sys.executable, str(REPO / "scripts" / "bare_lightning.py"), "--nprocs", str(config.nprocs)]
+            return [([*bare, *args], {})]
+        command = [sys.executable, str(REPO / "scripts" / "plain_ddp.py"), *args]
         world = {"WORLD_SIZE": str(config.nprocs)}
         return [(command, {**world, "RANK": str(rank), "LOCAL_RANK": str(rank)}) for rank in range(config.nprocs)]
+    network = {"model.network.init_args.hidden_sizes": json.dumps(list(config.hidden_sizes))}
+    if config.network == "cnn":
+        network = {"model.network": "project.networks.SmallCNN", "data.class_path": "plain_ddp.SyntheticImages"}
     flags = {
         "config": "configs/digits.yaml",
+        **network,
         "seed_everything": str(SEED),
         "data.init_args.seed": str(SEED),
         "data.init_args.batch_size": str(config.batch_size),
         "data.init_args.in_memory": str(config.pipeline == "in-memory").lower(),
-        "model.network.init_args.hidden_sizes": json.dumps(list(config.hidden_sizes)),
         "model.scheduler": "null",
         "trainer.accelerator": "gpu" if config.device == "cuda" else "cpu",
         "trainer.devices": str(config.nprocs),
@@ -196,7 +210,7 @@ def run_side(side: str, config: Config, workdir: Path, threads: int | None) -> d
 
 
 def bench(config: Config, repeats: int, threads: int | None) -> dict[str, Any]:
-    """Alternates plain and template runs (so drifting machine load hits both) and takes medians."""
+    """Alternates the sides' runs (so drifting machine load hits all of them) and takes medians."""
     runs: dict[str, list[dict]] = {side: [] for side in SIDES}
     for _ in range(repeats):
         for side in SIDES:
@@ -206,15 +220,20 @@ def bench(config: Config, repeats: int, threads: int | None) -> dict[str, Any]:
         side: {k: statistics.median(run[k] for run in runs[side]) for k in runs[side][0] if k != "init_digest"}
         for side in SIDES
     }
-    pairs = list(zip(runs["plain"], runs["template"], strict=True))
-    loss_diff = max(abs(p["loss"] - t["loss"]) / max(abs(p["loss"]), abs(t["loss"]), 1e-12) for p, t in pairs)
+    loss_diff = max(
+        abs(run["loss"] - plain["loss"]) / max(abs(run["loss"]), abs(plain["loss"]), 1e-12)
+        for side in SIDES
+        for run, plain in zip(runs[side], runs["plain"], strict=True)
+    )
     same_init = len({run["init_digest"] for side in SIDES for run in runs[side]}) == 1
+    template_steps_per_s = medians["template"]["steps_per_s"]
     return {
         "name": config.name,
         **asdict(config),
         **medians,
         "runs": runs,
-        "ratio_steps_per_s": medians["template"]["steps_per_s"] / medians["plain"]["steps_per_s"],
+        "ratio_steps_per_s": template_steps_per_s / medians["plain"]["steps_per_s"],
+        "ratio_to_bare_steps_per_s": template_steps_per_s / medians["bare"]["steps_per_s"],
         "loss_rel_diff": loss_diff,
         "same_init": same_init,
         "match": same_init and loss_diff <= LOSS_RTOL,
@@ -254,9 +273,8 @@ def table(results: dict[str, dict]) -> str:
             row += "".join(f"{result[side][key]:>{width}{fmt}}" for _, key, width, fmt in COLUMNS)
             if side == "template":
                 verdict = "ok" if result["match"] else "MISMATCH" + ("" if result["same_init"] else " (init)")
-                row += (
-                    f"  x{result['ratio_steps_per_s']:.2f} steps/s, loss diff {result['loss_rel_diff']:.1e} {verdict}"
-                )
+                row += f"  x{result['ratio_steps_per_s']:.2f} plain, x{result['ratio_to_bare_steps_per_s']:.2f} bare"
+                row += f" steps/s, loss diff {result['loss_rel_diff']:.1e} {verdict}"
             lines.append(row)
     return "\n".join(lines)
 
@@ -267,6 +285,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=64, help="per process")
     parser.add_argument("--wide-steps", type=int, default=40, help="steps per run of the wide (scaling) MLP")
     parser.add_argument("--wide-batch-size", type=int, default=256, help="per process, wide MLP")
+    parser.add_argument("--cnn-steps", type=int, default=30, help="steps per run of the SmallCNN")
+    parser.add_argument("--cnn-batch-size", type=int, default=128, help="per process, SmallCNN")
     parser.add_argument("--repeats", type=int, default=3, help="runs per side and configuration (medians)")
     parser.add_argument("--threads", type=int, help="OMP_NUM_THREADS per process (default: cores // processes)")
     parser.add_argument("--only", nargs="+", metavar="NAME", help="run only these configurations")
@@ -274,7 +294,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--output", default="runs/benchmark.json", help="results as JSON")
     args = parser.parse_args()
     if args.quick:
-        args.steps, args.wide_steps, args.repeats = 10, 5, 1
+        args.steps, args.wide_steps, args.cnn_steps, args.repeats = 10, 5, 3, 1
     return args
 
 
@@ -288,7 +308,12 @@ def main() -> int:
     for config in configs:
         if not args.only or config.name in args.only:
             results[config.name] = bench(config, args.repeats, args.threads)
-            print(f"done {config.name}: template/plain steps/s x{results[config.name]['ratio_steps_per_s']:.2f}")
+            result = results[config.name]
+            print(
+                f"done {config.name}: template steps/s x{result['ratio_steps_per_s']:.2f} plain,"
+                f" x{result['ratio_to_bare_steps_per_s']:.2f} bare",
+                flush=True,
+            )
     found = comparisons(results)
     print(table(results))
     print("\n".join(f"{key}: {value:.2f}" for key, value in found.items()))

@@ -25,12 +25,35 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
-from project.data import DigitsDataModule
+from project.data import DigitsDataModule, InMemoryDataModule
 from project.loaders import TensorBatchLoader
-from project.networks import MLP
+from project.networks import MLP, SmallCNN
 
 LAST_STEPS = 5  # the final loss is the mean loss of the last steps (a single step's loss is noisy)
 LAUNCH_TIME = "BENCH_LAUNCH_TIME"  # the launcher's time.time(), to measure time to first step
+SYNTHETIC_IMAGES = 4096
+
+
+class SyntheticImages(InMemoryDataModule):
+    """Random CIFAR-sized images (3x32x32, 10 classes) held in memory, the same on every side (``split_seed``)."""
+
+    num_classes = 10
+    input_shape = (3, 32, 32)
+
+    def load(self) -> tuple[torch.Tensor, torch.Tensor]:
+        generator = torch.Generator().manual_seed(self.hparams.split_seed)
+        images = torch.randn(SYNTHETIC_IMAGES, *self.input_shape, generator=generator)
+        return images, torch.randint(0, self.num_classes, (SYNTHETIC_IMAGES,), generator=generator)
+
+
+def build(args: argparse.Namespace) -> tuple[InMemoryDataModule, nn.Module]:
+    """The data module and the network (seeded as the template's CLI: seed, then build) for --network."""
+    data_class = SyntheticImages if args.network == "cnn" else DigitsDataModule
+    data = data_class(batch_size=args.batch_size, seed=args.seed, in_memory=args.pipeline == "in-memory")
+    torch.manual_seed(args.seed)
+    if args.network == "cnn":
+        return data, SmallCNN(data.num_classes, data.input_shape)
+    return data, MLP(data.num_classes, data.input_shape, tuple(args.hidden_sizes))
 
 
 def weights_digest(module: nn.Module) -> str:
@@ -54,7 +77,8 @@ def rank_stats(start: float, end: float, first_step_unix: float, steps: int, sam
 
 def write_rank_stats(stats: dict[str, Any], output_dir: str) -> None:
     """Each rank writes its own ``rank<N>.json``; the benchmark combines them (no collective at the end)."""
-    with open(os.path.join(output_dir, f"rank{dist.get_rank()}.json"), "w") as file:
+    rank = dist.get_rank() if dist.is_initialized() else 0  # bare Lightning's single process has no group
+    with open(os.path.join(output_dir, f"rank{rank}.json"), "w") as file:
         json.dump(stats, file, indent=2)
 
 
@@ -67,16 +91,17 @@ def endless(loader: Iterable, sampler: DistributedSampler) -> Iterator:
         epoch += 1
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--batch-size", type=int, default=64, help="per rank")
     parser.add_argument("--seed", type=int, default=42, help="initial weights and training order")
     parser.add_argument("--pipeline", choices=("dataloader", "in-memory"), default="dataloader")
-    parser.add_argument("--hidden-sizes", type=int, nargs="+", default=[128, 64])
+    parser.add_argument("--network", choices=("mlp", "cnn"), default="mlp", help="cnn: SmallCNN on synthetic images")
+    parser.add_argument("--hidden-sizes", type=int, nargs="+", default=[128, 64], help="of the MLP")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--output-dir", default=".", help="where each rank writes rank<N>.json")
-    return parser.parse_args()
+    return parser.parse_args(argv)
 
 
 def main() -> None:
@@ -88,7 +113,7 @@ def main() -> None:
     # MASTER_ADDR and MASTER_PORT are read from the environment (init_method "env://").
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank, world_size=world_size)
 
-    data = DigitsDataModule(batch_size=args.batch_size, seed=args.seed)
+    data, network = build(args)
     data.setup("fit")  # the template's train/val/test split
     train = data.splits["train"]
     sampler = DistributedSampler(train, world_size, rank, shuffle=True, seed=args.seed)
@@ -96,9 +121,6 @@ def main() -> None:
         loader = DataLoader(train, batch_size=args.batch_size, sampler=sampler)
     else:
         loader = TensorBatchLoader(train.tensors, sampler, args.batch_size)
-
-    torch.manual_seed(args.seed)  # as the template's CLI: seed, then build the network
-    network = MLP(DigitsDataModule.num_classes, DigitsDataModule.input_shape, tuple(args.hidden_sizes))
     init_digest = weights_digest(network)
     model = DistributedDataParallel(network.to(device), device_ids=[local_rank] if device.type == "cuda" else None)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-4)

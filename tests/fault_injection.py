@@ -1,21 +1,31 @@
-"""Test-only callbacks that make a rank fail at a chosen step (used by class path: tests/ is on PYTHONPATH)."""
+"""Test-only callbacks, used by class path (tests/ is on PYTHONPATH): a rank fails or is signalled at a chosen step;
+a rank counts its collectives."""
 
+import json
 import os
 import signal
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
 from typing import Literal
 
+import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
 
 
 class FailAt(Callback):
-    """At the end of training step ``step`` (global step), rank ``rank`` raises or SIGKILLs itself.
+    """At the end of training step ``step`` (global step), rank ``rank`` raises, or sends itself SIGKILL or SIGTERM.
 
     ``rank: -1`` fails every rank. Running before ModelCheckpoint (Lightning orders checkpoint callbacks
     last), so a checkpoint due at ``step`` is never written. ``first_attempt_only``: not after a torchrun restart.
     """
 
     def __init__(
-        self, step: int, rank: int = -1, action: Literal["raise", "sigkill"] = "raise", first_attempt_only: bool = False
+        self,
+        step: int,
+        rank: int = -1,
+        action: Literal["raise", "sigkill", "sigterm"] = "raise",
+        first_attempt_only: bool = False,
     ) -> None:
         self.step, self.rank, self.action, self.first_attempt_only = step, rank, action, first_attempt_only
 
@@ -24,6 +34,50 @@ class FailAt(Callback):
             return
         if self.first_attempt_only and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
             return
-        if self.action == "sigkill":
-            os.kill(os.getpid(), signal.SIGKILL)
+        if self.action in ("sigkill", "sigterm"):
+            os.kill(os.getpid(), signal.SIGKILL if self.action == "sigkill" else signal.SIGTERM)
+            return
         raise RuntimeError(f"injected failure on rank {trainer.global_rank} at step {self.step}")
+
+
+COLLECTIVES = (
+    "all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce", "reduce_scatter",
+    "reduce_scatter_tensor", "gather", "scatter", "all_to_all", "all_to_all_single", "barrier", "monitored_barrier",
+    "all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list",
+)  # fmt: skip
+
+
+class CountCollectives(Callback):
+    """Counts this rank's Python-level ``torch.distributed`` collectives during training steps.
+
+    Each function is wrapped in ``torch.distributed`` once the process group exists (``setup``); the counts are
+    read at the start of the first and of the last training step, and written to ``<output_dir>/rank<N>.json``.
+    """
+
+    def __init__(self, output_dir: str) -> None:
+        self.output_dir = output_dir
+        self.counts: Counter = Counter()
+        self.first: tuple[int, dict[str, int]] | None = None
+        self.last: tuple[int, dict[str, int]] | None = None
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        for name in COLLECTIVES:
+            setattr(dist, name, self._counted(name, getattr(dist, name)))
+
+    def _counted(self, name: str, function: Callable) -> Callable:
+        def counted(*args: object, **kwargs: object) -> object:
+            self.counts[name] += 1
+            return function(*args, **kwargs)
+
+        return counted
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, *args: object) -> None:
+        self.last = (trainer.global_step, dict(self.counts))
+        self.first = self.first or self.last
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        (first_step, before), (last_step, after) = self.first, self.last
+        counts = {name: after.get(name, 0) - before.get(name, 0) for name in after}
+        record = {"steps": last_step - first_step, "counts": {name: n for name, n in counts.items() if n}}
+        path = Path(self.output_dir) / f"rank{trainer.global_rank}.json"
+        path.write_text(json.dumps(record))

@@ -1,0 +1,61 @@
+"""The bare Lightning Trainer on plain_ddp.py's work: what Lightning itself costs, next to what the template adds.
+
+A LightningModule with only ``training_step`` and ``configure_optimizers``; no logger, progress bar, checkpoint or
+model summary; the same network, data module (loader and sampler), batch, steps, seed and optimizer as
+``plain_ddp.py`` and the template. Lightning's launcher starts the other processes (``--nprocs``):
+
+    python scripts/bare_lightning.py --nprocs 2 --steps 300 --output-dir /tmp
+
+``scripts/benchmark.py`` races it against both; it times steps with the template's ``StepTimer``.
+"""
+
+import argparse
+
+import torch
+from benchmark import StepTimer
+from lightning.pytorch import LightningModule, Trainer, seed_everything
+from plain_ddp import build
+from plain_ddp import parse_args as plain_args
+from torch import Tensor, nn
+
+
+class BareModule(LightningModule):
+    def __init__(self, network: nn.Module) -> None:
+        super().__init__()
+        self.network = network
+        self.loss_fn = nn.CrossEntropyLoss()
+
+    def training_step(self, batch: list[Tensor], batch_idx: int) -> Tensor:
+        x, y = batch
+        return self.loss_fn(self.network(x), y)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-4)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--nprocs", type=int, default=1)
+    nprocs, rest = parser.parse_known_args()
+    args = plain_args(rest)
+    seed_everything(args.seed, verbose=False)
+    data, network = build(args)
+    trainer = Trainer(
+        accelerator="gpu" if args.device == "cuda" else "cpu",
+        devices=nprocs.nprocs,
+        strategy="ddp" if nprocs.nprocs > 1 else "auto",
+        max_steps=args.steps,
+        max_epochs=-1,
+        limit_val_batches=0,
+        logger=False,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        use_distributed_sampler=False,  # the data module's DistributedSampler, as on the other sides
+        callbacks=[StepTimer(args.output_dir)],
+    )
+    trainer.fit(BareModule(network), datamodule=data)
+
+
+if __name__ == "__main__":
+    main()
