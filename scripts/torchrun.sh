@@ -11,7 +11,9 @@ set -euo pipefail
 NUM_NODES=${NUM_NODES:-1}
 DEVICES=${DEVICES:-1}
 if [[ $NUM_NODES == 1 ]]; then
-  rendezvous=(--standalone)
+  # Static rendezvous on this machine, not --standalone: with --max-restarts, torch 2.14's c10d rendezvous hands
+  # restarted workers the gloo addresses of the killed ones.
+  rendezvous=(--node-rank 0 --master-addr 127.0.0.1 --master-port "${MASTER_PORT:-29500}")
 else
   rendezvous=(
     --node-rank "${NODE_RANK:?set NODE_RANK: 0 on the main node, 1..NUM_NODES-1 on the others}"

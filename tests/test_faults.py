@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, last_checkpoint, project_env, quick_args, run_project
+from conftest import REPO, free_port, last_checkpoint, project_env, quick_args, run_project
 from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
 
 from project.callbacks import RunGuard
@@ -169,7 +169,20 @@ def test_torchrun_restarts_a_killed_rank_and_the_run_resumes_itself_to_the_same_
     """`torchrun --max-restarts 1` with `--ckpt_path auto`: rank 1 is SIGKILLed after the first epoch's checkpoint;
     torchrun restarts both ranks, which resume from that checkpoint by themselves."""
     root = tmp_path / "run"
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    # Static rendezvous, as scripts/torchrun.sh: with --standalone (c10d), torch 2.14 hands restarted workers the
+    # gloo addresses of the killed ones.
+    torchrun = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "1",
+        "--node-rank",
+        "0",
+        "--nproc-per-node",
+        "2",
+    ]
+    torchrun += ["--master-addr", "127.0.0.1", "--master-port", str(free_port())]
     args = quick_args(root, "--trainer.devices", "2", *RESUMABLE, "--ckpt_path", "auto")
     args += [*fail_at(13, 1, "sigkill"), "--trainer.callbacks.first_attempt_only", "true"]
     result = subprocess.run(
