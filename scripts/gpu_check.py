@@ -76,7 +76,8 @@ def checks(log) -> dict[str, Any]:
     )  # fmt: skip
     bench = OUT / "benchmark.json"
     rows = ["cuda-in-memory-1p-cnn", "cuda-dataloader-1p", "cuda-in-memory-1p"]
-    bench_code, _ = run(log, sys.executable, "scripts/benchmark.py", "--only", *rows, "--output", str(bench), timeout=420)
+    benchmark = [sys.executable, "scripts/benchmark.py", "--only", *rows, "--output", str(bench)]
+    bench_code, _ = run(log, *benchmark, timeout=400)
     return {
         "doctor": {"passed": doctor_code == 0, "report": doctor[-2000:]},
         "fit_gpu_yaml_bf16": fit_and_test(log, "fit"),
