@@ -24,7 +24,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from project import doctor
 from project.callbacks import PredictionsWriter, SamplesPerSecond, TestMetricsWriter
 from project.checkpointing import AtomicCheckpointIO, CheckpointError, RNGStateCheckpoint, load_checkpoint_file
-from project.data import InMemoryDataModule
+from project.data import BaseDataModule
 from project.faults import FailFast, NonFiniteGuard
 from project.module import ClassificationModule
 
@@ -135,7 +135,7 @@ def main(args: list[str] | None = None) -> None:
         sys.exit(doctor.main(argv[1:]))
     ProjectCLI(
         ClassificationModule,
-        InMemoryDataModule,
+        BaseDataModule,
         subclass_mode_data=True,
         trainer_defaults={"use_distributed_sampler": False},
         save_config_kwargs={"overwrite": False},

@@ -26,7 +26,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
 from project.data import DigitsDataModule
-from project.loaders import TensorBatchLoader
+from project.data.loaders import TensorBatchLoader
 from project.networks import MLP
 
 LAST_STEPS = 5  # the final loss is the mean loss of the last steps (a single step's loss is noisy)
