@@ -17,6 +17,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -31,7 +32,7 @@ from typing import Any
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
-from plain_ddp import LAST_STEPS, LAUNCH_TIME, rank_stats, weights_digest, write_rank_stats
+from plain_ddp import FILE_PIPELINES, LAST_STEPS, LAUNCH_TIME, rank_stats, weights_digest, write_rank_stats
 
 REPO = Path(__file__).resolve().parents[1]
 SIDES = ("plain", "template")
@@ -83,10 +84,14 @@ class Config:
     batch_size: int
     steps: int
     hidden_sizes: tuple[int, ...] = DEFAULT_NET
+    num_workers: int = 0  # loader workers per rank, file pipelines
 
     @property
     def name(self) -> str:
-        return f"{self.device}-{self.pipeline}-{self.nprocs}p" + ("-wide" if self.hidden_sizes == WIDE_NET else "")
+        workers = f"-{self.num_workers}w" if self.pipeline in FILE_PIPELINES else ""
+        return f"{self.device}-{self.pipeline}-{self.nprocs}p{workers}" + (
+            "-wide" if self.hidden_sizes == WIDE_NET else ""
+        )
 
 
 def all_configs(args: argparse.Namespace) -> list[Config]:
@@ -97,7 +102,45 @@ def all_configs(args: argparse.Namespace) -> list[Config]:
     for device, nprocs in counts.items():
         configs += [Config(device, p, n, args.batch_size, args.steps) for p in PIPELINES for n in nprocs]
         configs += [Config(device, "in-memory", n, args.wide_batch_size, args.wide_steps, WIDE_NET) for n in nprocs]
+    configs += file_configs(args)
     return configs
+
+
+def file_configs(args: argparse.Namespace) -> list[Config]:
+    """The data paths over files (the digits as PNGs, and as LitData shards): 1 and 2 processes, 0 and 2 workers."""
+    return [
+        Config("cpu", pipeline, n, args.batch_size, args.steps, num_workers=workers)
+        for pipeline in FILE_PIPELINES
+        for n in (1, 2)
+        for workers in (0, 2)
+    ]
+
+
+def digit_files() -> Path:
+    """The digits as an image folder and as shards, written once into the system's temp folder."""
+    from make_shards import write_shards
+    from write_digit_images import write_digit_images
+
+    from project.data import ImageFolderDataModule
+
+    root = Path(tempfile.gettempdir()) / "project-benchmark-digit-files"
+    if not (root / "shards" / "dataset.json").exists():
+        shutil.rmtree(root, ignore_errors=True)
+        write_digit_images(root / "images")
+        write_shards(ImageFolderDataModule(str(root / "images"), grayscale=True), str(root / "shards"), "64MB", 1, 0)
+    return root
+
+
+def file_flags(config: Config) -> dict[str, str]:
+    """The template's data module for a file pipeline (nothing for the others)."""
+    if config.pipeline not in FILE_PIPELINES:
+        return {}
+    if config.pipeline == "image-folder":
+        data = {"data": "project.data.ImageFolderDataModule", "data.init_args.root": str(digit_files() / "images")}
+        data["data.init_args.grayscale"] = "true"
+    else:
+        data = {"data": "project.data.StreamingDataModule", "data.init_args.root": str(digit_files() / "shards")}
+    return {**data, "data.init_args.num_workers": str(config.num_workers)}
 
 
 def free_port() -> int:
@@ -124,10 +167,14 @@ def launches(side: str, config: Config, workdir: Path) -> list[tuple[list[str], 
         command += ["--steps", str(config.steps), "--batch-size", str(config.batch_size), "--seed", str(SEED)]
         command += ["--pipeline", config.pipeline, "--device", config.device, "--hidden-sizes"]
         command += [str(size) for size in config.hidden_sizes]
+        if config.pipeline in FILE_PIPELINES:
+            root = digit_files() / ("images" if config.pipeline == "image-folder" else "shards")
+            command += ["--data-root", str(root), "--num-workers", str(config.num_workers)]
         world = {"WORLD_SIZE": str(config.nprocs)}
         return [(command, {**world, "RANK": str(rank), "LOCAL_RANK": str(rank)}) for rank in range(config.nprocs)]
     flags = {
         "config": "configs/digits.yaml",
+        **file_flags(config),
         "seed_everything": str(SEED),
         "data.init_args.seed": str(SEED),
         "data.init_args.batch_size": str(config.batch_size),
