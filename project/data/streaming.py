@@ -107,7 +107,7 @@ class StreamingDataModule(BaseDataModule):
 def check_shards(root: Path) -> None:
     """Refuses a local ``root`` without the splits or with items other than ``{"image", "label"}``, naming it."""
     if not (root / SCHEMA_FILE).is_file():
-        raise ValueError(f"no shards at {root}: {root / SCHEMA_FILE} is missing (write them with scripts/make_shards.py)")
+        raise ValueError(f"no shards at {root}: {root / SCHEMA_FILE} is missing (scripts/make_shards.py writes it)")
     for split in ("train", "val", "test"):
         index = root / split / "index.json"
         if not index.is_file():
