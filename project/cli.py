@@ -25,7 +25,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from project import doctor, runs
 from project.callbacks import PredictionsWriter, RunGuard, TestMetricsWriter
 from project.checkpointing import AtomicCheckpointIO, CheckpointError, load_checkpoint_file
-from project.data import InMemoryDataModule
+from project.data import BaseDataModule
 from project.faults import report
 from project.module import ClassificationModule
 
@@ -180,7 +180,7 @@ def main(args: list[str] | None = None) -> None:
         sys.exit(sweep.main(argv[1:]))
     ProjectCLI(
         ClassificationModule,
-        InMemoryDataModule,
+        BaseDataModule,
         subclass_mode_data=True,
         trainer_defaults={"use_distributed_sampler": False},
         save_config_callback=runs.RunRecord,

@@ -22,6 +22,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -36,7 +37,7 @@ from typing import Any
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
-from plain_ddp import LAST_STEPS, LAUNCH_TIME, rank_stats, weights_digest, write_rank_stats
+from plain_ddp import FILE_PIPELINES, LAST_STEPS, LAUNCH_TIME, rank_stats, weights_digest, write_rank_stats
 
 REPO = Path(__file__).resolve().parents[1]
 SIDES = ("plain", "bare", "template")
@@ -89,11 +90,13 @@ class Config:
     steps: int
     hidden_sizes: tuple[int, ...] = DEFAULT_NET
     network: str = "mlp"  # or "cnn": SmallCNN on synthetic 3x32x32 images
+    num_workers: int = 0  # loader workers per rank, file pipelines
 
     @property
     def name(self) -> str:
+        workers = f"-{self.num_workers}w" if self.pipeline in FILE_PIPELINES else ""
         suffix = "-cnn" if self.network == "cnn" else "-wide" if self.hidden_sizes == WIDE_NET else ""
-        return f"{self.device}-{self.pipeline}-{self.nprocs}p{suffix}"
+        return f"{self.device}-{self.pipeline}-{self.nprocs}p{workers}{suffix}"
 
 
 def all_configs(args: argparse.Namespace) -> list[Config]:
@@ -105,7 +108,45 @@ def all_configs(args: argparse.Namespace) -> list[Config]:
         configs += [Config(device, p, n, args.batch_size, args.steps) for p in PIPELINES for n in nprocs]
         configs += [Config(device, "in-memory", n, args.wide_batch_size, args.wide_steps, WIDE_NET) for n in nprocs]
         configs += [Config(device, "in-memory", n, args.cnn_batch_size, args.cnn_steps, network="cnn") for n in nprocs]
+    configs += file_configs(args)
     return configs
+
+
+def file_configs(args: argparse.Namespace) -> list[Config]:
+    """The data paths over files (the digits as PNGs, and as LitData shards): 1 and 2 processes, 0 and 2 workers."""
+    return [
+        Config("cpu", pipeline, n, args.batch_size, args.steps, num_workers=workers)
+        for pipeline in FILE_PIPELINES
+        for n in (1, 2)
+        for workers in (0, 2)
+    ]
+
+
+def digit_files() -> Path:
+    """The digits as an image folder and as shards, written once into the system's temp folder."""
+    from make_shards import write_shards
+    from write_digit_images import write_digit_images
+
+    from project.data import ImageFolderDataModule
+
+    root = Path(tempfile.gettempdir()) / "project-benchmark-digit-files"
+    if not (root / "shards" / "dataset.json").exists():
+        shutil.rmtree(root, ignore_errors=True)
+        write_digit_images(root / "images")
+        write_shards(ImageFolderDataModule(str(root / "images"), grayscale=True), str(root / "shards"), "64MB", 1, 0)
+    return root
+
+
+def file_flags(config: Config) -> dict[str, str]:
+    """The template's data module for a file pipeline (nothing for the others)."""
+    if config.pipeline not in FILE_PIPELINES:
+        return {}
+    if config.pipeline == "image-folder":
+        data = {"data": "project.data.ImageFolderDataModule", "data.init_args.root": str(digit_files() / "images")}
+        data["data.init_args.grayscale"] = "true"
+    else:
+        data = {"data": "project.data.StreamingDataModule", "data.init_args.root": str(digit_files() / "shards")}
+    return {**data, "data.init_args.num_workers": str(config.num_workers)}
 
 
 def free_port() -> int:
@@ -131,6 +172,9 @@ def launches(side: str, config: Config, workdir: Path) -> list[tuple[list[str], 
         args = ["--output-dir", str(output), "--steps", str(config.steps), "--batch-size", str(config.batch_size)]
         args += ["--seed", str(SEED), "--pipeline", config.pipeline, "--device", config.device]
         args += ["--network", config.network, "--hidden-sizes", *map(str, config.hidden_sizes)]
+        if config.pipeline in FILE_PIPELINES:
+            root = digit_files() / ("images" if config.pipeline == "image-folder" else "shards")
+            args += ["--data-root", str(root), "--num-workers", str(config.num_workers)]
         if side == "bare":
             bare = [sys.executable, str(REPO / "scripts" / "bare_lightning.py"), "--nprocs", str(config.nprocs)]
             return [([*bare, *args], {})]
@@ -143,6 +187,7 @@ def launches(side: str, config: Config, workdir: Path) -> list[tuple[list[str], 
     flags = {
         "config": "configs/digits.yaml",
         **network,
+        **file_flags(config),
         "seed_everything": str(SEED),
         "data.init_args.seed": str(SEED),
         "data.init_args.batch_size": str(config.batch_size),
@@ -211,29 +256,32 @@ def run_side(side: str, config: Config, workdir: Path, threads: int | None) -> d
 
 def bench(config: Config, repeats: int, threads: int | None) -> dict[str, Any]:
     """Alternates the sides' runs (so drifting machine load hits all of them) and takes medians."""
-    runs: dict[str, list[dict]] = {side: [] for side in SIDES}
+    # The bare Lightning side builds its data like the in-memory rows: it has no file pipelines.
+    sides = [side for side in SIDES if side != "bare" or config.pipeline not in FILE_PIPELINES]
+    runs: dict[str, list[dict]] = {side: [] for side in sides}
     for _ in range(repeats):
-        for side in SIDES:
+        for side in sides:
             with tempfile.TemporaryDirectory() as workdir:
                 runs[side].append(run_side(side, config, Path(workdir), threads))
     medians = {
         side: {k: statistics.median(run[k] for run in runs[side]) for k in runs[side][0] if k != "init_digest"}
-        for side in SIDES
+        for side in sides
     }
     loss_diff = max(
         abs(run["loss"] - plain["loss"]) / max(abs(run["loss"]), abs(plain["loss"]), 1e-12)
-        for side in SIDES
+        for side in sides
         for run, plain in zip(runs[side], runs["plain"], strict=True)
     )
-    same_init = len({run["init_digest"] for side in SIDES for run in runs[side]}) == 1
+    same_init = len({run["init_digest"] for side in sides for run in runs[side]}) == 1
     template_steps_per_s = medians["template"]["steps_per_s"]
+    bare_steps_per_s = medians["bare"]["steps_per_s"] if "bare" in medians else None
     return {
         "name": config.name,
         **asdict(config),
         **medians,
         "runs": runs,
         "ratio_steps_per_s": template_steps_per_s / medians["plain"]["steps_per_s"],
-        "ratio_to_bare_steps_per_s": template_steps_per_s / medians["bare"]["steps_per_s"],
+        "ratio_to_bare_steps_per_s": template_steps_per_s / bare_steps_per_s if bare_steps_per_s else None,
         "loss_rel_diff": loss_diff,
         "same_init": same_init,
         "match": same_init and loss_diff <= LOSS_RTOL,
@@ -268,12 +316,13 @@ COLUMNS = (  # header, key, width, format
 def table(results: dict[str, dict]) -> str:
     lines = [f"{'config':<24}{'side':<10}" + "".join(f"{head:>{width}}" for head, _, width, _ in COLUMNS)]
     for name, result in results.items():
-        for side in SIDES:
+        for side in (side for side in SIDES if side in result):
             row = f"{name if side == 'plain' else '':<24}{side:<10}"
             row += "".join(f"{result[side][key]:>{width}{fmt}}" for _, key, width, fmt in COLUMNS)
             if side == "template":
                 verdict = "ok" if result["match"] else "MISMATCH" + ("" if result["same_init"] else " (init)")
-                row += f"  x{result['ratio_steps_per_s']:.2f} plain, x{result['ratio_to_bare_steps_per_s']:.2f} bare"
+                bare = result["ratio_to_bare_steps_per_s"]
+                row += f"  x{result['ratio_steps_per_s']:.2f} plain" + (f", x{bare:.2f} bare" if bare else "")
                 row += f" steps/s, loss diff {result['loss_rel_diff']:.1e} {verdict}"
             lines.append(row)
     return "\n".join(lines)

@@ -26,7 +26,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
 from project.data import DigitsDataModule, InMemoryDataModule
-from project.loaders import TensorBatchLoader
+from project.data.loaders import TensorBatchLoader
 from project.networks import MLP, SmallCNN
 
 LAST_STEPS = 5  # the final loss is the mean loss of the last steps (a single step's loss is noisy)
@@ -82,13 +82,51 @@ def write_rank_stats(stats: dict[str, Any], output_dir: str) -> None:
         json.dump(stats, file, indent=2)
 
 
-def endless(loader: Iterable, sampler: DistributedSampler) -> Iterator:
+def endless(loader: Iterable, sampler: DistributedSampler | None) -> Iterator:
     """Batches epoch after epoch; set_epoch reshuffles, the same way on every rank."""
     epoch = 0
     while True:
-        sampler.set_epoch(epoch)
+        if sampler is not None:  # LitData's loader reshuffles by itself
+            sampler.set_epoch(epoch)
         yield from loader
         epoch += 1
+
+
+FILE_PIPELINES = ("image-folder", "streaming")
+
+
+def to_tensor(image: Any) -> torch.Tensor:
+    """PIL image (or tensor) to float CxHxW in [0, 1]."""
+    from torchvision.transforms.v2.functional import to_dtype, to_image
+
+    return to_dtype(to_image(image), torch.float32, scale=True)
+
+
+def grayscale(path: str) -> Any:
+    from PIL import Image
+
+    with Image.open(path) as image:
+        return image.convert("L")
+
+
+def shard_item(item: dict) -> tuple[torch.Tensor, int]:
+    return to_tensor(item["image"]), item["label"]
+
+
+def file_loader(args: argparse.Namespace, world_size: int, rank: int) -> tuple[Iterable, DistributedSampler | None]:
+    """The classic loaders over files: torchvision's ImageFolder with a DataLoader, or LitData's streaming loader."""
+    workers = {"num_workers": args.num_workers, "persistent_workers": args.num_workers > 0}
+    if args.pipeline == "image-folder":
+        from torchvision.datasets import ImageFolder
+
+        train = ImageFolder(os.path.join(args.data_root, "train"), transform=to_tensor, loader=grayscale)
+        sampler = DistributedSampler(train, world_size, rank, shuffle=True, seed=args.seed)
+        return DataLoader(train, batch_size=args.batch_size, sampler=sampler, **workers), sampler
+    from litdata import StreamingDataLoader, StreamingDataset
+
+    shards = StreamingDataset(os.path.join(args.data_root, "train"), shuffle=True, seed=args.seed, transform=shard_item)
+    generator = torch.Generator().manual_seed(args.seed)
+    return StreamingDataLoader(shards, batch_size=args.batch_size, generator=generator, **workers), None
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -96,7 +134,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--batch-size", type=int, default=64, help="per rank")
     parser.add_argument("--seed", type=int, default=42, help="initial weights and training order")
-    parser.add_argument("--pipeline", choices=("dataloader", "in-memory"), default="dataloader")
+    parser.add_argument("--pipeline", choices=("dataloader", "in-memory", *FILE_PIPELINES), default="dataloader")
+    parser.add_argument("--data-root", help="image-folder: train/<class>/*.png under it; streaming: train/ shards")
+    parser.add_argument("--num-workers", type=int, default=0, help="loader workers per rank (file pipelines)")
     parser.add_argument("--network", choices=("mlp", "cnn"), default="mlp", help="cnn: SmallCNN on synthetic images")
     parser.add_argument("--hidden-sizes", type=int, nargs="+", default=[128, 64], help="of the MLP")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
@@ -117,7 +157,9 @@ def main() -> None:
     data.setup("fit")  # the template's train/val/test split
     train = data.splits["train"]
     sampler = DistributedSampler(train, world_size, rank, shuffle=True, seed=args.seed)
-    if args.pipeline == "dataloader":
+    if args.pipeline in FILE_PIPELINES:
+        loader, sampler = file_loader(args, world_size, rank)
+    elif args.pipeline == "dataloader":
         loader = DataLoader(train, batch_size=args.batch_size, sampler=sampler)
     else:
         loader = TensorBatchLoader(train.tensors, sampler, args.batch_size)

@@ -18,7 +18,7 @@ from project.checkpointing import (
     rng_states,
     set_rng_states,
 )
-from project.loaders import TensorBatchLoader
+from project.data.loaders import TensorBatchLoader
 
 SAVER = """
 import sys, torch

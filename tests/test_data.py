@@ -1,6 +1,8 @@
+import pytest
 import torch
+from torch.utils.data import TensorDataset
 
-from project.data import DigitsDataModule
+from project.data import DatasetDataModule, DigitsDataModule
 
 
 def _setup(**kwargs) -> DigitsDataModule:
@@ -31,3 +33,25 @@ def test_loaders_cover_each_split_with_the_configured_batch_size():
     test_batches = list(data.test_dataloader())
     assert [len(y) for _, y in test_batches] == [100, 100, 100, 59]
     assert sum(len(y) for _, y in data.train_dataloader()) == 1258
+
+
+def test_any_dataset_splits_off_only_the_missing_splits_and_keeps_the_given_ones():
+    train = TensorDataset(torch.rand(100, 1, 4, 4), torch.arange(100) % 5)
+    test = TensorDataset(torch.rand(30, 1, 4, 4), torch.arange(30) % 5)
+    data = DatasetDataModule(train, test=test, num_classes=5, val_fraction=0.2, batch_size=8)
+    data.setup("fit")
+    assert {name: len(split) for name, split in data.splits.items()} == {"train": 80, "val": 20, "test": 30}
+    assert data.splits["test"] is test and data.input_shape == (1, 4, 4)
+    assert torch.equal(
+        torch.cat([data.splits[name].tensors[1] for name in ("train", "val")]).sort().values,
+        train.tensors[1].sort().values,
+    )  # train and val partition the given train set
+    with pytest.raises(ValueError, match="give data.init_args.num_classes: TensorDataset has no `classes`"):
+        DatasetDataModule(train)
+
+
+def test_the_dataloader_path_yields_the_fast_paths_batches():
+    fast, loader = _setup(batch_size=100), _setup(batch_size=100, in_memory=False, num_workers=1)
+    assert type(loader.test_dataloader()).__name__ == "StatefulDataLoader"
+    for a, b in zip(fast.train_dataloader(), loader.train_dataloader(), strict=True):
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])

@@ -85,6 +85,7 @@ def test_a_nan_loss_stops_training_naming_the_step_and_keeps_the_last_good_check
 
 # Dropout draws random numbers every step: the resumed run must restore every rank's RNG states.
 RESUMABLE = ("--trainer.max_epochs", "2", "--model.network.init_args.dropout", "0.3")
+DATALOADER = ("--data.init_args.in_memory", "false", "--data.init_args.num_workers", "1")
 
 
 @pytest.fixture(scope="module")
@@ -113,8 +114,10 @@ def assert_resumes_to(uninterrupted: dict[str, torch.Tensor], run_dir: Path, *fl
     [
         ((), 13, 10),  # the default, a checkpoint per epoch: resumes at the start of epoch 1
         (("--checkpoint.every_n_train_steps", "4"), 14, 12),  # resumes mid-epoch 1, at its third batch
+        # The same through torchdata's StatefulDataLoader and a worker process: same batches, same weights.
+        (("--checkpoint.every_n_train_steps", "4", *DATALOADER), 14, 12),
     ],
-    ids=["after-an-epoch", "mid-epoch"],
+    ids=["after-an-epoch", "mid-epoch", "mid-epoch-dataloader"],
 )
 def test_a_killed_run_resumes_to_the_same_weights(uninterrupted, tmp_path, checkpointing, kill_step, resume_step):
     run_dir = tmp_path / "run"

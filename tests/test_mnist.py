@@ -7,7 +7,7 @@ import pytest
 import torch
 from conftest import DIGITS_CONFIG, REPO, run_project
 
-from project.mnist import MNISTDataModule
+from project.data import MNISTDataModule
 
 HAS_TORCHVISION = importlib.util.find_spec("torchvision") is not None
 
@@ -67,5 +67,5 @@ def test_config_overlay_parses_without_torchvision():
         "fit", "--config", str(DIGITS_CONFIG), "--config", "configs/mnist.yaml", "--print_config", cwd=REPO, timeout=120
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    assert "class_path: project.mnist.MNISTDataModule" in result.stdout
+    assert "class_path: project.data.MNISTDataModule" in result.stdout
     assert "batch_size: 128" in result.stdout and "default_root_dir: runs/mnist" in result.stdout

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch.utils.data import DistributedSampler
 
-from project.samplers import ExactDistributedSampler
+from project.data.samplers import ExactDistributedSampler
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3])

@@ -1,0 +1,194 @@
+"""The base data module: any map-style ``Dataset``, split, transformed and sharded across ranks.
+
+The Trainer runs with ``use_distributed_sampler=False``, so these samplers are the ones used:
+``DistributedSampler`` for training (shuffled, seeded, reshuffled each epoch by Lightning's ``set_epoch``
+call) and ``ExactDistributedSampler`` for val/test/predict, so every sample is counted once.
+Batches come from ``TensorBatchLoader`` (tensors in memory, no transform: slicing, the fast path) or from
+torchdata's ``StatefulDataLoader`` (anything else), whose position Lightning saves in every checkpoint,
+so a run resumed mid-epoch continues with the very next batch. Every DataLoader worker is seeded from ``seed``, the
+epoch, the rank and the worker (a loader generator seeded with ``seed`` draws a base seed per epoch; Lightning's
+``worker_init_fn`` mixes in the rank and worker); random augmentation draws from a seed per sample and epoch
+(``SeededSampler``), so it survives a resume and does not depend on the worker count or the world size.
+"""
+
+import os
+from collections.abc import Callable, Iterable
+
+import torch
+from lightning.pytorch import LightningDataModule
+from torch.utils.data import Dataset, DistributedSampler, Sampler, Subset, TensorDataset
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from project.data.loaders import TensorBatchLoader
+from project.data.samplers import ExactDistributedSampler, SeededSampler
+from project.data.transforms import Transformed, compose
+
+SPLITS = ("train", "val", "test")
+
+
+class BaseDataModule(LightningDataModule):
+    """Classification data from map-style datasets of ``(image, label)`` pairs, returned by ``datasets``.
+
+    Subclasses return ``train`` and optionally ``val``/``test`` from ``datasets``; the missing ones are split off
+    ``train`` with ``split_seed``. They set ``num_classes`` and ``input_shape`` (``discover`` finds them).
+
+    Args:
+        train_transforms: applied to training samples, in order (e.g. ``torchvision.transforms.v2`` class paths).
+        eval_transforms: applied to val/test/predict samples.
+        batch_size: samples per rank per step (the global batch is ``batch_size * world_size``).
+        val_fraction, test_fraction: shares of ``train`` held out when there is no separate val/test set.
+        split_seed: seeds that split, independently of the training seed.
+        shuffle: shuffle training data (reshuffled every epoch, the same on every rank).
+        seed: seeds the training order (``DistributedSampler`` mixes in the epoch) and augmentation.
+        drop_last: drop the last incomplete training batch of each epoch.
+        in_memory: slice batches out of tensors where a split is a ``TensorDataset`` without transforms (fast);
+            ``False`` always uses a DataLoader.
+        num_workers: DataLoader worker processes per rank (0: load in the training process).
+        pin_memory: page-locked batches for faster copies to the GPU (only when training on GPUs).
+        persistent_workers: keep workers alive between epochs (with ``num_workers > 0``).
+        prefetch_factor: batches each worker loads ahead (with ``num_workers > 0``; ``None``: torch's default, 2).
+    """
+
+    num_classes: int
+    input_shape: tuple[int, ...]
+
+    def __init__(
+        self,
+        train_transforms: list[Callable] | None = None,
+        eval_transforms: list[Callable] | None = None,
+        batch_size: int = 64,
+        val_fraction: float = 0.1,
+        test_fraction: float = 0.2,
+        split_seed: int = 0,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        in_memory: bool = True,
+        num_workers: int = 0,
+        pin_memory: bool = True,
+        persistent_workers: bool = True,
+        prefetch_factor: int | None = None,
+    ) -> None:
+        super().__init__()
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if not (0 <= val_fraction < 1 and 0 <= test_fraction < 1 and val_fraction + test_fraction < 1):
+            raise ValueError(
+                f"need 0 <= val_fraction, 0 <= test_fraction and a sum below 1; got {val_fraction} and {test_fraction}"
+            )
+        check_num_workers(num_workers)
+        if prefetch_factor is not None and (prefetch_factor < 1 or num_workers == 0):
+            raise ValueError(f"prefetch_factor must be >= 1 and needs num_workers > 0; got {prefetch_factor}")
+        # Objects stay attributes; num_classes and input_shape would clash with the model's (linked) values.
+        ignored = ["train", "val", "test", "train_transforms", "eval_transforms", "num_classes", "input_shape"]
+        self.save_hyperparameters(ignore=ignored)
+        self.transforms = {"train": compose(train_transforms), "val": compose(eval_transforms)}
+        self.transforms["test"] = self.transforms["val"]
+        self.splits: dict[str, Dataset] = {}
+
+    def datasets(self) -> dict[str, Dataset]:
+        """The untransformed datasets by split name; ``train`` is required, missing val/test are split off it."""
+        raise NotImplementedError
+
+    def discover(self, train: Dataset, num_classes: int | None = None, input_shape: tuple | None = None) -> None:
+        """Sets ``num_classes`` and ``input_shape``: as given, else from ``train.classes`` and its first sample."""
+        if num_classes is None and not hasattr(self, "num_classes"):
+            if not hasattr(train, "classes"):
+                raise ValueError(f"give data.init_args.num_classes: {type(train).__name__} has no `classes`")
+            num_classes = len(train.classes)
+        if input_shape is None and not hasattr(self, "input_shape"):
+            image, _ = train[0]
+            transform = self.transforms["val"]
+            input_shape = (transform(image) if transform else image).shape
+        if num_classes is not None:
+            self.num_classes = num_classes
+        if input_shape is not None:
+            self.input_shape = tuple(input_shape)
+
+    def setup(self, stage: str) -> None:
+        if self.splits:
+            return
+        parts = dict(self.datasets())
+        missing = {name: getattr(self.hparams, f"{name}_fraction") for name in ("test", "val") if name not in parts}
+        if missing:
+            parts.update(split(parts["train"], missing, self.hparams.split_seed))
+        self.splits = {
+            name: Transformed(parts[name], self.transforms[name]) if self.transforms[name] else parts[name]
+            for name in SPLITS
+        }
+
+    def train_dataloader(self) -> Iterable:
+        dataset = self.splits["train"]
+        num_replicas, rank = self._ranks()
+        sampler = DistributedSampler(dataset, num_replicas, rank, shuffle=self.hparams.shuffle, seed=self.hparams.seed)
+        if isinstance(dataset, Transformed):
+            sampler = SeededSampler(sampler, self.hparams.seed)
+        # A resumed run: Lightning 2.6 starts the epoch's iterator (a StatefulDataLoader reads its sampler then)
+        # before its set_epoch call, so the sampler must already be at the resumed epoch.
+        sampler.set_epoch(self.trainer.current_epoch if self.trainer else 0)
+        return self._loader(dataset, sampler, drop_last=self.hparams.drop_last)
+
+    def val_dataloader(self) -> Iterable:
+        return self._eval_loader("val")
+
+    def test_dataloader(self) -> Iterable:
+        return self._eval_loader("test")
+
+    def predict_dataloader(self) -> Iterable:
+        return self._eval_loader("test")
+
+    def _eval_loader(self, name: str) -> Iterable:
+        num_replicas, rank = self._ranks()
+        return self._loader(self.splits[name], ExactDistributedSampler(self.splits[name], num_replicas, rank))
+
+    def _ranks(self) -> tuple[int, int]:
+        """(world size, global rank) from the Trainer; (1, 0) when used on its own."""
+        if self.trainer is None:
+            return 1, 0
+        return self.trainer.world_size, self.trainer.global_rank
+
+    def _pin_memory(self) -> bool:
+        return self.hparams.pin_memory and self.trainer is not None and self.trainer.strategy.root_device.type == "cuda"
+
+    def _loader(self, dataset: Dataset, sampler: Sampler, drop_last: bool = False) -> Iterable:
+        if self.hparams.in_memory and isinstance(dataset, TensorDataset):
+            return TensorBatchLoader(dataset.tensors, sampler, self.hparams.batch_size, drop_last)
+        workers = self.hparams.num_workers
+        return StatefulDataLoader(
+            dataset,
+            batch_size=self.hparams.batch_size,
+            sampler=sampler,
+            drop_last=drop_last,
+            num_workers=workers,
+            pin_memory=self._pin_memory(),
+            persistent_workers=self.hparams.persistent_workers and workers > 0,
+            prefetch_factor=self.hparams.prefetch_factor,
+            # Workers' base seeds come from here, not from the global generator that dropout draws from (a resumed
+            # run would otherwise draw one more number from it); Lightning's worker_init_fn mixes in rank and worker.
+            generator=torch.Generator().manual_seed(self.hparams.seed),
+        )
+
+
+def split(dataset: Dataset, fractions: dict[str, float], seed: int) -> dict[str, Dataset]:
+    """Splits ``fractions`` (name: share, in order) off ``dataset`` by a seeded permutation; the rest is ``train``."""
+    order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))
+    parts, start = {}, 0
+    for name, fraction in fractions.items():
+        count = round(fraction * len(order))
+        parts[name], start = order[start : start + count], start + count
+    parts["train"] = order[start:]
+    return {name: subset(dataset, indices) for name, indices in parts.items()}
+
+
+def subset(dataset: Dataset, indices: torch.Tensor) -> Dataset:
+    """The samples at ``indices``: copied tensors for a ``TensorDataset`` (fast path), a view otherwise."""
+    if isinstance(dataset, TensorDataset):
+        return TensorDataset(*(tensor[indices] for tensor in dataset.tensors))
+    return Subset(dataset, indices.tolist())
+
+
+def check_num_workers(num_workers: int) -> None:
+    """Refuses a worker count below 0 or above this process's CPU cores (each worker is a process)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if not 0 <= num_workers <= cores:
+        raise ValueError(f"num_workers must be between 0 and the {cores} CPU cores available, got {num_workers}")

@@ -1,0 +1,86 @@
+"""A folder of images, one folder per class, read with torchvision's ``ImageFolder`` (the ``vision`` extra).
+
+torchvision is imported when the module is built, so the package works without it.
+"""
+
+from functools import partial
+from pathlib import Path
+
+from torch.utils.data import Dataset
+
+from project.data.base import SPLITS, BaseDataModule
+from project.data.transforms import presets
+
+
+class ImageFolderDataModule(BaseDataModule):
+    """Images in ``root/train/<class>/*.png`` (and optionally ``root/val/``, ``root/test/``), or in
+    ``root/<class>/*`` split into train/val/test by ``val_fraction``/``test_fraction``.
+
+    ``num_classes`` (the class folders) and ``input_shape`` (one transformed image) are read from the data when
+    the module is built, so a missing folder or a class without images stops the run before any process starts.
+    Standard presets build the transforms; ``train_transforms``/``eval_transforms`` replace them when given.
+
+    Args:
+        root: the image folder.
+        image_size: resize the shorter side to this size, then center-crop a square (``None``: keep the size;
+            every image must then have the same size).
+        crop_padding: training augmentation: pad by this many pixels, then crop back at a random place (0: none).
+        horizontal_flip: training augmentation: flip half of the images left to right.
+        grayscale: read images as one channel (``False``: RGB, three channels).
+        mean, std: normalize each channel (``None``: pixel values scaled to [0, 1]).
+        **kwargs: the ``BaseDataModule`` arguments (batch_size, num_workers, transforms, ...).
+    """
+
+    def __init__(
+        self,
+        root: str,
+        image_size: int | None = None,
+        crop_padding: int = 0,
+        horizontal_flip: bool = False,
+        grayscale: bool = False,
+        mean: list[float] | None = None,
+        std: list[float] | None = None,
+        **kwargs,
+    ) -> None:
+        train, evaluate = presets(image_size, crop_padding, horizontal_flip, mean, std)
+        kwargs["train_transforms"] = kwargs.get("train_transforms") or train
+        kwargs["eval_transforms"] = kwargs.get("eval_transforms") or evaluate
+        super().__init__(**kwargs)
+        self.folders = image_folders(Path(root), "L" if grayscale else "RGB")
+        self.discover(self.folders["train"])
+
+    def datasets(self) -> dict[str, Dataset]:
+        return self.folders
+
+
+def image_folders(root: Path, mode: str) -> dict[str, Dataset]:
+    """``ImageFolder`` per split found under ``root``: ``train``/``val``/``test`` folders, or ``root`` as ``train``."""
+    from torchvision.datasets import ImageFolder
+
+    if not root.is_dir():
+        raise ValueError(f"image folder not found: {root}")
+    layout = {name: root / name for name in SPLITS if (root / name).is_dir()} or {"train": root}
+    if "train" not in layout:
+        raise ValueError(f"{root} has {sorted(layout)} folders but no train/ folder")
+    folders = {}
+    for name, path in layout.items():
+        try:
+            folders[name] = ImageFolder(str(path), loader=partial(load_image, mode=mode))
+        except FileNotFoundError as error:  # no class folder, or a class folder without images
+            raise ValueError(f"{path}: {error}") from error
+        if folders[name].classes != folders["train"].classes:
+            raise ValueError(
+                f"{path} has the classes {folders[name].classes}, {layout['train']} has {folders['train'].classes}"
+            )
+    return folders
+
+
+def load_image(path: str, mode: str):
+    """Reads one image in ``mode`` (``L`` or ``RGB``); an unreadable file is named in the error."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as image:
+            return image.convert(mode)
+    except OSError as error:
+        raise OSError(f"cannot read image {path}: {error}") from error

@@ -1,0 +1,65 @@
+"""Samplers that shard a data set across ranks.
+
+Training uses torch's ``DistributedSampler`` as it is (shuffled, seeded, reshuffled by ``set_epoch``,
+padded so every rank runs the same number of steps, which DDP needs). Evaluation uses
+``ExactDistributedSampler``: Lightning's injected sampler pads evaluation sets with duplicates,
+which makes distributed accuracy wrong whenever ``len(dataset) % world_size != 0``.
+``SeededSampler`` gives each training sample the seed of its augmentation.
+"""
+
+from collections.abc import Iterator, Sized
+
+import numpy as np
+from torch.utils.data import Sampler
+
+
+class ExactDistributedSampler(Sampler[int]):
+    """Gives every index to exactly one rank, in order, with no padding.
+
+    Ranks may get one sample more or less than each other; evaluation has no gradient sync,
+    so uneven shards are safe as long as no per-step collective runs (metrics sync once, at compute).
+    """
+
+    def __init__(self, data_source: Sized, num_replicas: int = 1, rank: int = 0) -> None:
+        if not 0 <= rank < num_replicas:
+            raise ValueError(f"rank must be in [0, {num_replicas}), got {rank}")
+        self.num_samples_total = len(data_source)
+        self.num_replicas = num_replicas
+        self.rank = rank
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.rank, self.num_samples_total, self.num_replicas))
+
+    def __len__(self) -> int:
+        return len(range(self.rank, self.num_samples_total, self.num_replicas))
+
+
+class SeededSampler(Sampler[tuple[int, int]]):
+    """Yields ``(index, seed)`` pairs: each training sample carries the seed its random augmentation draws from.
+
+    The seed depends only on the data seed, the epoch and the index (``sample_seed``), not on the rank, the worker
+    or how many samples came before, so augmentation is reproducible, differs per sample and per epoch, and a run
+    resumed mid-epoch draws exactly what the uninterrupted run drew (a worker's own RNG is not in any checkpoint).
+    ``set_epoch`` (Lightning calls it on ``loader.sampler``) reaches the wrapped sampler.
+    """
+
+    def __init__(self, sampler: Sampler[int], seed: int) -> None:
+        self.sampler = sampler
+        self.seed = seed
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        if hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        return ((index, sample_seed(self.seed, self.epoch, index)) for index in self.sampler)
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+
+def sample_seed(seed: int, epoch: int, index: int) -> int:
+    """A well-mixed 63-bit seed for one sample in one epoch."""
+    return int(np.random.SeedSequence([seed, epoch, index]).generate_state(1, np.uint64)[0] >> np.uint64(1))

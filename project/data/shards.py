@@ -1,0 +1,49 @@
+"""LitData's ``StreamingDataset`` for the items ``scripts/make_shards.py`` writes, and an indexed view of it."""
+
+from collections.abc import Callable
+from typing import Any
+
+from litdata import StreamingDataset
+from torch.utils.data import Dataset
+
+from project.data.samplers import sample_seed
+from project.data.transforms import seeded
+
+
+class ImageShards(StreamingDataset):
+    """Yields ``(image, label)`` from ``{"image", "label"}`` items, the image transformed with a per-sample seed.
+
+    The seed comes from the data seed, LitData's epoch and the sample's index, so augmentation is the same after a
+    mid-epoch resume (LitData restores its position, not its workers' random generators).
+    """
+
+    def __init__(self, input_dir: str, image_transform: Callable | None = None, **kwargs: Any) -> None:
+        super().__init__(input_dir, **kwargs)
+        self.image_transform = image_transform
+
+    def __getitem__(self, index: Any) -> tuple[Any, int]:
+        item = super().__getitem__(index)
+        if not isinstance(item, dict) or sorted(item) != ["image", "label"]:
+            raise ValueError(
+                f"shards at {self.input_dir.path or self.input_dir.url} hold items of another schema"
+                f" ({type(item).__name__}); expected dicts with keys image and label, as scripts/make_shards.py writes"
+            )
+        image = item["image"]
+        if self.image_transform is not None:
+            number = index if isinstance(index, int) else index.index
+            image = seeded(self.image_transform, image, sample_seed(self.seed, self.current_epoch, number))
+        return image, item["label"]
+
+
+class Indexed(Dataset):
+    """A map-style view of ``ImageShards``, so evaluation can use the exact sampler (each sample on one rank)."""
+
+    def __init__(self, shards: ImageShards, length: int) -> None:
+        self.shards = shards
+        self.length = length
+
+    def __getitem__(self, index: int) -> tuple[Any, int]:
+        return self.shards[index]
+
+    def __len__(self) -> int:
+        return self.length

@@ -1,0 +1,120 @@
+"""LitData shards, from a local folder or object storage (``s3://...``), for data beyond one node's disk.
+
+The ``stream`` extra (litdata), imported when the module is built. Shards are written by ``scripts/make_shards.py``.
+"""
+
+import json
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import torch
+from torch.utils.data import Dataset
+
+from project.data.base import BaseDataModule
+from project.data.transforms import presets
+
+SCHEMA_FILE = "dataset.json"  # written by scripts/make_shards.py beside the splits: class names, sample counts
+ITEM_KEYS = ["image", "label"]
+
+
+class StreamingDataModule(BaseDataModule):
+    """Training streams ``root/train`` with LitData's ``StreamingDataLoader``; evaluation reads ``root/val`` and
+    ``root/test`` by index with the exact sampler.
+
+    Training: LitData shards the chunks across ranks and workers, reshuffles every epoch (``shuffle``, ``seed``) and,
+    with several ranks, drops the last samples so every rank runs the same number of steps (as DDP requires).
+    Its loader's position goes into every checkpoint, so a run resumed mid-epoch continues exactly; augmentation draws
+    from a seed per sample and epoch. Evaluation does not go through LitData's sharding, which also drops samples
+    with several ranks (``drop_last``): every sample is counted exactly once at any world size.
+
+    Args:
+        root: a folder or URL holding ``train/``, ``val/``, ``test/`` shards and ``dataset.json``.
+        cache_dir: where chunks of a remote ``root`` are cached (``None``: LitData's default).
+        max_cache_size: the most disk the cache may use (e.g. ``"100GB"``).
+        num_classes: classes to predict (``None``: read from ``dataset.json``).
+        input_shape: one transformed sample's shape (``None``: read from the first training sample).
+        image_size, crop_padding, horizontal_flip, mean, std: the transform presets, as for
+            ``ImageFolderDataModule`` (images become float tensors in [0, 1]; tensors pass unchanged).
+        **kwargs: the ``BaseDataModule`` arguments (transforms, batch_size, shuffle, seed, num_workers, ...);
+            ``val_fraction``, ``test_fraction``, ``split_seed`` and ``in_memory`` do not apply: the shards hold
+            their splits.
+    """
+
+    def __init__(
+        self,
+        root: str,
+        cache_dir: str | None = None,
+        max_cache_size: str = "100GB",
+        num_classes: int | None = None,
+        input_shape: tuple[int, ...] | None = None,
+        image_size: int | None = None,
+        crop_padding: int = 0,
+        horizontal_flip: bool = False,
+        mean: list[float] | None = None,
+        std: list[float] | None = None,
+        **kwargs,
+    ) -> None:
+        train, evaluate = presets(image_size, crop_padding, horizontal_flip, mean, std)
+        kwargs["train_transforms"] = kwargs.get("train_transforms") or train
+        kwargs["eval_transforms"] = kwargs.get("eval_transforms") or evaluate
+        super().__init__(**kwargs)
+        self.root = root.rstrip("/")
+        if "://" not in root:
+            check_shards(Path(root))
+        if num_classes is None:
+            with fsspec.open(f"{self.root}/{SCHEMA_FILE}") as file:
+                num_classes = len(json.load(file)["classes"])
+        self.discover(self.shards("train"), num_classes, input_shape)
+
+    def shards(self, split: str, transform: Any = None, **kwargs) -> Dataset:
+        """``root/split`` as an ``ImageShards`` (a LitData ``StreamingDataset``)."""
+        from project.data.shards import ImageShards  # imports litdata, an optional extra
+
+        options = {"cache_dir": self.hparams.cache_dir, "max_cache_size": self.hparams.max_cache_size}
+        return ImageShards(f"{self.root}/{split}", image_transform=transform, **options, **kwargs)
+
+    def setup(self, stage: str) -> None:
+        if self.splits:
+            return
+        with fsspec.open(f"{self.root}/{SCHEMA_FILE}") as file:
+            counts = json.load(file)["samples"]
+        from project.data.shards import Indexed
+
+        for name in ("val", "test"):
+            self.splits[name] = Indexed(self.shards(name, self.transforms[name]), counts[name])
+
+    def train_dataloader(self) -> Any:
+        from litdata import StreamingDataLoader
+
+        shuffle, seed = self.hparams.shuffle, self.hparams.seed
+        drop_last = self.hparams.drop_last or None  # None: LitData's default, True with several ranks
+        shards = self.shards("train", self.transforms["train"], shuffle=shuffle, seed=seed, drop_last=drop_last)
+        workers = self.hparams.num_workers
+        return StreamingDataLoader(
+            shards,
+            batch_size=self.hparams.batch_size,
+            num_workers=workers,
+            pin_memory=self._pin_memory(),
+            persistent_workers=self.hparams.persistent_workers and workers > 0,
+            prefetch_factor=self.hparams.prefetch_factor,
+            # Workers' base seeds come from here, not from the global generator that dropout draws from (a resumed
+            # run would otherwise draw one more number from it).
+            generator=torch.Generator().manual_seed(seed),
+        )
+
+
+def check_shards(root: Path) -> None:
+    """Refuses a local ``root`` without the splits or with items other than ``{"image", "label"}``, naming it."""
+    if not (root / SCHEMA_FILE).is_file():
+        raise ValueError(f"no shards at {root}: {root / SCHEMA_FILE} is missing (scripts/make_shards.py writes it)")
+    for split in ("train", "val", "test"):
+        index = root / split / "index.json"
+        if not index.is_file():
+            raise ValueError(f"no shards at {root / split}: {index} is missing")
+        config = json.loads(index.read_text())["config"]
+        if sorted(config.get("types") or {}) != ITEM_KEYS:
+            raise ValueError(
+                f"shards at {root / split} hold items of another schema ({config['data_format']}); expected dicts"
+                f" with keys {ITEM_KEYS}, as scripts/make_shards.py writes"
+            )

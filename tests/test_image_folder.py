@@ -1,0 +1,138 @@
+"""ImageFolderDataModule on a real image folder (the digits as PNG files): DDP fit, exact evaluation, bad input."""
+
+import json
+import re
+import shutil
+import sys
+
+import pytest
+import torch
+from conftest import REPO, last_checkpoint, quick_args, run_folder, run_project
+from test_faults import processes_running_in
+
+pytest.importorskip("torchvision")
+sys.path.insert(0, str(REPO / "scripts"))
+from write_digit_images import write_digit_images  # noqa: E402
+
+from project.data import ImageFolderDataModule  # noqa: E402
+
+IMAGE_FOLDER_CONFIG = str(REPO / "configs" / "image_folder.yaml")
+
+
+def image_args(run_dir, root, *extra: str) -> list[str]:
+    """A fast run on the image folder ROOT: 4 epochs of batch 16, one channel, images loaded in the rank itself."""
+    return quick_args(
+        run_dir,
+        *("--config", IMAGE_FOLDER_CONFIG, "--data.init_args.root", str(root), "--data.init_args.grayscale", "true"),
+        *("--data.init_args.batch_size", "16", "--data.init_args.num_workers", "0"),
+        *("--trainer.max_epochs", "4", "--model.scheduler.init_args.T_max", "4"),
+        *extra,
+    )
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    return write_digit_images(tmp_path_factory.mktemp("images"))
+
+
+@pytest.fixture(scope="module")
+def fitted(images, tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("image_fit")
+    result = run_project("fit", *image_args(run_dir, images, "--trainer.devices", "2"), cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def test_metrics(images, fitted, tmp_path_factory):
+    metrics = {}
+    for devices in (1, 2, 3):
+        run_dir = tmp_path_factory.mktemp(f"image_test_{devices}")
+        ckpt = str(last_checkpoint(fitted))
+        args = image_args(run_dir, images, "--trainer.devices", str(devices), "--ckpt_path", ckpt)
+        result = run_project("test", *args, cwd=REPO)
+        assert result.returncode == 0, result.stderr[-3000:]
+        metrics[devices] = json.loads((run_folder(run_dir) / "test_metrics.json").read_text())
+    return metrics
+
+
+def test_a_two_process_fit_reads_the_folders_and_links_classes_and_shape_to_the_network(fitted):
+    ckpt = torch.load(last_checkpoint(fitted), weights_only=True)
+    assert ckpt["global_step"] == 4 * 40  # 4 epochs of ceil(1258 train images / 2 ranks / 16)
+    network = ckpt["hyper_parameters"]["network"]["init_args"]
+    assert network["num_classes"] == 10 and list(network["input_shape"]) == [1, 8, 8]
+
+
+def test_held_out_accuracy_is_high_and_identical_on_one_two_and_three_processes(test_metrics):
+    # 359 test images: not divisible by 2 or 3, so a padding or dropping sampler would change the result.
+    assert test_metrics[1]["test_acc"] >= 0.90
+    assert test_metrics[1]["test_acc"] == test_metrics[2]["test_acc"] == test_metrics[3]["test_acc"]
+    assert test_metrics[3]["test_loss"] == pytest.approx(test_metrics[1]["test_loss"], rel=1e-5)
+
+
+def test_one_folder_of_classes_is_split_by_the_fractions(images):
+    data = ImageFolderDataModule(root=str(images / "train"), grayscale=True, val_fraction=0.1, test_fraction=0.2)
+    data.setup("fit")
+    assert {name: len(split) for name, split in data.splits.items()} == {"train": 880, "val": 126, "test": 252}
+    indices = [index for name in ("train", "val", "test") for index in data.splits[name].dataset.indices]
+    assert sorted(indices) == list(range(1258))
+
+
+def test_augmentation_is_seeded_per_sample_and_epoch(images):
+    data = ImageFolderDataModule(root=str(images), grayscale=True, image_size=8, crop_padding=2, horizontal_flip=True)
+    data.setup("fit")
+    train = data.splits["train"]
+    sampler = data.train_dataloader().sampler
+    first = [train[pair][0] for pair in list(sampler)[:8]]
+    assert all(torch.equal(a, train[pair][0]) for a, pair in zip(first, list(sampler)[:8], strict=True))
+    sampler.set_epoch(1)
+    again = {index: seed for index, seed in sampler}
+    crops = [train[(index, again[index])][0] for index, _ in list(data.train_dataloader().sampler)[:8]]
+    assert any(not torch.equal(a, b) for a, b in zip(first, crops, strict=True))  # another epoch, other crops
+    assert data.input_shape == (1, 8, 8) and first[0].shape == (1, 8, 8)
+
+
+@pytest.mark.parametrize(
+    ("folder", "empty_classes", "message"),
+    [
+        ("missing", (), "image folder not found: {root}/missing"),
+        ("", (), "{root}: Couldn't find any class folder"),
+        ("", ("3", "7"), "{root}: Found no valid file for the classes 3, 7"),
+    ],
+    ids=["missing", "empty", "class-without-images"],
+)
+def test_a_bad_folder_is_refused_naming_it(tmp_path, folder, empty_classes, message):
+    for name in empty_classes:
+        (tmp_path / name).mkdir()
+    with pytest.raises(ValueError, match=re.escape(message.format(root=tmp_path))):
+        ImageFolderDataModule(root=str(tmp_path / folder))
+
+
+def test_a_missing_folder_exits_2_before_starting_and_writes_nothing(images, tmp_path):
+    run_dir = tmp_path / "run"
+    args = image_args(run_dir, images, "--trainer.devices", "2", "--data.init_args.root", str(tmp_path / "missing"))
+    result = run_project("fit", *args, cwd=REPO, timeout=120)
+    assert result.returncode == 2
+    assert f"image folder not found: {tmp_path / 'missing'}" in result.stderr
+    assert not run_dir.exists()
+
+
+@pytest.mark.parametrize("num_workers", [-1, 100_000])
+def test_a_worker_count_out_of_range_is_refused(images, num_workers):
+    with pytest.raises(
+        ValueError, match=f"num_workers must be between 0 and the .* CPU cores available, got {num_workers}"
+    ):
+        ImageFolderDataModule(root=str(images), num_workers=num_workers)
+
+
+def test_an_unreadable_image_stops_every_rank_naming_the_file(images, tmp_path):
+    root = tmp_path / "images"
+    shutil.copytree(images, root)
+    broken = sorted((root / "train" / "5").glob("*.png"))[3]
+    broken.write_bytes(b"not a png")
+    run_dir = tmp_path / "run"
+    result = run_project("fit", *image_args(run_dir, root, "--trainer.devices", "2"), cwd=REPO, timeout=120)
+    assert result.returncode != 0
+    assert f"cannot read image {broken}" in result.stderr
+    assert "rank " in result.stderr and " failed at step " in result.stderr
+    assert processes_running_in(run_dir) == []
