@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch.distributed as dist
 
 REPO = Path(__file__).resolve().parents[1]
 DIGITS_CONFIG = REPO / "configs" / "digits.yaml"
@@ -65,6 +66,8 @@ def run_in_process(*args: str) -> str:
         with contextlib.redirect_stdout(output), contextlib.redirect_stderr(output):
             main(list(args))
     finally:
+        if dist.is_initialized():  # what the process's exit would end: the next run starts its own
+            dist.destroy_process_group()
         lightning_logger.removeHandler(handler)
         sys.argv = saved_argv
         os.environ.clear()
