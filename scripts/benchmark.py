@@ -142,8 +142,8 @@ def file_flags(config: Config) -> dict[str, str]:
     if config.pipeline not in FILE_PIPELINES:
         return {}
     if config.pipeline == "image-folder":
-        data = {"data": "project.data.ImageFolderDataModule", "data.init_args.root": str(digit_files() / "images")}
-        data["data.init_args.grayscale"] = "true"
+        data = {"data": "project.data.ImageFolderDataModule", "data.init_args.grayscale": "true"}
+        data["data.init_args.root"] = str(digit_files() / "images")
     else:
         data = {"data": "project.data.StreamingDataModule", "data.init_args.root": str(digit_files() / "shards")}
     return {**data, "data.init_args.num_workers": str(config.num_workers)}

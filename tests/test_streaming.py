@@ -42,8 +42,10 @@ def fit(run_dir, shards, *extra: str) -> subprocess.CompletedProcess:
 def shards(tmp_path_factory):
     images = write_digit_images(tmp_path_factory.mktemp("images"))
     output = tmp_path_factory.mktemp("shards")
-    command = [sys.executable, str(REPO / "scripts" / "make_shards.py"), "--data", "project.data.ImageFolderDataModule"]
+    command = [sys.executable, str(REPO / "scripts" / "make_shards.py")]
     command += [
+        "--data",
+        "project.data.ImageFolderDataModule",
         "--data.root",
         str(images),
         "--data.grayscale",

@@ -19,7 +19,7 @@ FIT = ["--config", str(DIGITS_CONFIG), "--trainer.max_epochs", "2", "--trainer.e
 
 
 def sweep(tmp_path: Path, *args: str, space: dict = SPACE, fit: tuple = ()) -> int:
-    """`python -m project sweep ARGS` in this process (its trials are real `python -m project fit` processes)."""
+    """`python -m project sweep ARGS` in this process; its trials are real `fit` processes."""
     from project.sweep import main
 
     (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
