@@ -124,9 +124,11 @@ class RunRecord(SaveConfigCallback):
             for index, logger in enumerate(trainer.loggers)
             if index > 0 and isinstance(run_id := getattr(logger, "run_id", None) or logger.version, str)
         }
-        if trackers:
-            # loggers[0].log_dir, not trainer.log_dir: that one broadcasts, and only rank 0 is here
-            (Path(trainer.loggers[0].log_dir) / TRACKERS_FILE).write_text(json.dumps(trackers, indent=2) + "\n")
+        # loggers[0].log_dir, not trainer.log_dir: that one broadcasts, and only rank 0 is here. A first logger
+        # without a run folder (no log_dir) has no resume to serve.
+        run_folder = getattr(trainer.loggers[0], "log_dir", None)
+        if trackers and run_folder:
+            (Path(run_folder) / TRACKERS_FILE).write_text(json.dumps(trackers, indent=2) + "\n")
 
 
 def flatten(config_json: str) -> dict[str, Any]:
