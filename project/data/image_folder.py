@@ -9,7 +9,7 @@ from pathlib import Path
 from torch.utils.data import Dataset
 
 from project.data.base import SPLITS, BaseDataModule
-from project.data.transforms import with_presets
+from project.data.transforms import presets
 
 
 class ImageFolderDataModule(BaseDataModule):
@@ -42,7 +42,10 @@ class ImageFolderDataModule(BaseDataModule):
         std: list[float] | None = None,
         **kwargs,
     ) -> None:
-        super().__init__(**with_presets(kwargs, image_size, crop_padding, horizontal_flip, mean, std))
+        train, evaluate = presets(image_size, crop_padding, horizontal_flip, mean, std)
+        kwargs["train_transforms"] = kwargs.get("train_transforms") or train
+        kwargs["eval_transforms"] = kwargs.get("eval_transforms") or evaluate
+        super().__init__(**kwargs)
         self.folders = image_folders(Path(root), "L" if grayscale else "RGB")
         self.discover(self.folders["train"])
 

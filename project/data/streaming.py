@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import Dataset
 
 from project.data.base import BaseDataModule
-from project.data.transforms import with_presets
+from project.data.transforms import presets
 
 SCHEMA_FILE = "dataset.json"  # written by scripts/make_shards.py beside the splits: class names, sample counts
 ITEM_KEYS = ["image", "label"]
@@ -55,7 +55,10 @@ class StreamingDataModule(BaseDataModule):
         std: list[float] | None = None,
         **kwargs,
     ) -> None:
-        super().__init__(**with_presets(kwargs, image_size, crop_padding, horizontal_flip, mean, std))
+        train, evaluate = presets(image_size, crop_padding, horizontal_flip, mean, std)
+        kwargs["train_transforms"] = kwargs.get("train_transforms") or train
+        kwargs["eval_transforms"] = kwargs.get("eval_transforms") or evaluate
+        super().__init__(**kwargs)
         self.root = root.rstrip("/")
         if "://" not in root:
             check_shards(Path(root))

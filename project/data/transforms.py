@@ -79,13 +79,3 @@ def presets(
     augment = [v2.RandomCrop(image_size, padding=crop_padding)] if crop_padding else []
     augment += [v2.RandomHorizontalFlip()] if horizontal_flip else []
     return resize + augment + tensor, resize + tensor
-
-
-def with_presets(kwargs: dict[str, Any], *preset_args: Any) -> dict[str, Any]:
-    """A data module's KWARGS with the ``presets`` as transforms wherever the config gives none of its own."""
-    train, evaluate = presets(*preset_args)
-    return {
-        **kwargs,
-        "train_transforms": kwargs.get("train_transforms") or train,
-        "eval_transforms": kwargs.get("eval_transforms") or evaluate,
-    }
