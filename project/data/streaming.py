@@ -55,6 +55,7 @@ class StreamingDataModule(BaseDataModule):
         std: list[float] | None = None,
         **kwargs,
     ) -> None:
+        # kwargs go on to super().__init__ as they are: jsonargparse follows them there for the accepted keys.
         train, evaluate = presets(image_size, crop_padding, horizontal_flip, mean, std)
         kwargs["train_transforms"] = kwargs.get("train_transforms") or train
         kwargs["eval_transforms"] = kwargs.get("eval_transforms") or evaluate
