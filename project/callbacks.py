@@ -86,7 +86,7 @@ class RunGuard(Callback):
     """
 
     def __init__(self, preemption_check_every_n_steps: int = 50) -> None:
-        self.fail_fast = FailFast()  # built now, in every rank's own process: it records its launcher
+        self.fail_fast = FailFast()
         self.preemption = PreemptionCheck(preemption_check_every_n_steps)
         self.non_finite = NonFiniteLosses()
         self._start, self._samples = 0.0, 0

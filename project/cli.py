@@ -10,15 +10,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed as dist
 from jsonargparse import Namespace
 from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch import Trainer
-from lightning.pytorch.accelerators import CUDAAccelerator
+from lightning.pytorch.accelerators import CPUAccelerator, CUDAAccelerator
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, RichProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.strategies import ParallelStrategy
+from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
@@ -27,6 +29,7 @@ from project.callbacks import PredictionsWriter, RunGuard, TestMetricsWriter
 from project.checkpointing import AtomicCheckpointIO, CheckpointError, load_checkpoint_file
 from project.data import BaseDataModule
 from project.faults import report
+from project.launcher import ForkLauncher
 from project.module import ClassificationModule
 
 # Names Trainer.fit/test/... resolve themselves instead of reading a file ("last", "best", "auto": see runs.py).
@@ -120,11 +123,16 @@ class ProjectCLI(LightningCLI):
             )
 
     def instantiate_classes(self) -> None:
+        """Builds on one thread: a rank forked after a multi-threaded OpenMP region hangs (launcher.py)."""
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
         try:
             super().instantiate_classes()
             self.check_distributed_settings()
         except (MisconfigurationException, ValueError, TypeError) as error:
             self.parser.error(f"invalid configuration: {error}")
+        finally:
+            torch.set_num_threads(threads)  # sets the count only: no thread starts before the first parallel op
 
     def check_distributed_settings(self) -> None:
         """Checks now what Lightning and torch check only after processes start, with a traceback or a hang."""
@@ -136,11 +144,17 @@ class ProjectCLI(LightningCLI):
             check_backend(backend, on_gpu=isinstance(self.trainer.accelerator, CUDAAccelerator))
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
-        """Adds what every run needs, whatever the config's callbacks: crash-safe checkpoints, a progress bar
-        that redraws twice a second (unless the config gives its own), ``RunGuard`` (the ``guard`` key) and, for fit
-        with a logger, a learning-rate monitor (Lightning's raises without one); test and predict write their files.
+        """Adds what every run needs, whatever the config's callbacks: local CPU ranks forked from this process once it
+        has built everything (launcher.py), crash-safe checkpoints, a progress bar that redraws twice a second
+        (unless the config gives its own), ``RunGuard`` (the ``guard`` key) and, for fit with a logger, a
+        learning-rate monitor (Lightning's raises without one); test and predict write their files.
         """
         trainer = super().instantiate_trainer(**kwargs)
+        launcher = trainer.strategy.launcher
+        if type(launcher) is _SubprocessScriptLauncher and isinstance(trainer.accelerator, CPUAccelerator):
+            trainer.strategy._launcher = ForkLauncher(
+                launcher.cluster_environment, launcher.num_processes, launcher.num_nodes
+            )
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # the default: not one chosen in the config
             trainer.strategy.checkpoint_io = AtomicCheckpointIO()
         bar = trainer.progress_bar_callback

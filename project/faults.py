@@ -15,6 +15,9 @@ import torch
 from lightning.pytorch import Trainer
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 
+# The process that started this one: for a rank Lightning's launcher re-ran, rank 0 (project/launcher.py sets it in a
+# forked rank). Recorded at import, before a failure to join the process group can come.
+LAUNCHER_PID = os.getppid()
 DIST_HINT = (
     "every process must start with the same num_nodes and devices, reach MASTER_ADDR:MASTER_PORT, and join within"
     " trainer.strategy.init_args.timeout; `python -m project doctor` checks the setup"
@@ -30,11 +33,6 @@ class FailFast:
     rank 0's process. It kills them only on Ctrl-C; a rank 0 that fails otherwise would leave them blocked
     in a collective. torchrun and srun stop the other ranks themselves (srun with ``--kill-on-bad-exit``).
     """
-
-    def __init__(self) -> None:
-        # Built in every rank's own process (Lightning's launcher reruns the command): the launcher, for ranks > 0.
-        # Not in setup(): a failure to join the process group comes before it.
-        self._parent_pid = os.getppid()
 
     def on_exception(self, trainer: Trainer, exception: BaseException) -> None:
         where = f"rank {trainer.global_rank}/{trainer.world_size} failed at step {trainer.global_step}"
@@ -60,7 +58,7 @@ class FailFast:
         launcher.kill(signal.SIGKILL)
 
     def _launcher_is_gone(self) -> bool:
-        return wait_until(lambda: os.getppid() != self._parent_pid)
+        return wait_until(lambda: os.getppid() != LAUNCHER_PID)
 
 
 class NonFiniteLosses:

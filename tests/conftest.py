@@ -4,13 +4,16 @@ import contextlib
 import io
 import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 import torch.distributed as dist
+from warm_start import WarmServer
 
 REPO = Path(__file__).resolve().parents[1]
 DIGITS_CONFIG = REPO / "configs" / "digits.yaml"
@@ -40,16 +43,67 @@ def project_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def run_project(*args: str, cwd: Path, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
-    """Runs `python -m project ARGS` to completion and returns it (stdout and stderr captured)."""
-    return subprocess.run(
+class ProjectRun(subprocess.CompletedProcess):
+    """A finished run; ``session``: the session its processes belong to (see ``processes_left``)."""
+
+    def __init__(self, args: list[str], returncode: int, stdout: str, stderr: str, session: int) -> None:
+        super().__init__(args, returncode, stdout, stderr)
+        self.session = session
+
+
+_server: WarmServer | None = None
+
+
+def run_project(*args: str, cwd: Path, timeout: float = 300, env: dict | None = None) -> ProjectRun:
+    """Runs `python -m project ARGS` to completion, every rank included, with stdout and stderr captured: in a process
+    forked from a server that has imported the project (tests/warm_start.py), which saves each run its start-up."""
+    global _server
+    if _server is None:
+        _server = WarmServer(project_env())
+    with tempfile.TemporaryDirectory() as output_dir:
+        run = _server.start(list(args), Path(cwd), env or project_env(), Path(output_dir))
+        returncode = run.wait(timeout)
+        return ProjectRun(list(args), returncode, run.stdout.read_text(), run.stderr.read_text(), run.pid)
+
+
+def exec_project(*args: str, cwd: Path, timeout: float = 300, env: dict | None = None) -> ProjectRun:
+    """Runs a fresh `python -m project ARGS`, start-up included, like ``run_project``."""
+    with subprocess.Popen(
         [sys.executable, "-m", "project", *args],
         cwd=cwd,
         env=env or project_env(),
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=timeout,
-    )
+        start_new_session=True,
+    ) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            raise
+        return ProjectRun(list(args), process.returncode, stdout, stderr, process.pid)
+
+
+def processes_left(run: ProjectRun) -> list[int]:
+    """Live processes of RUN's session: its ranks or their workers, if any outlived it (an exited process whose
+    parent died before it waits, a zombie, to be reaped by init: not counted)."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+        except OSError:  # the process ended while we looked
+            continue
+        if int(fields[3]) == run.session and fields[0] != "Z":  # the session, stat's 6th field; the state, its 3rd
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+@pytest.fixture(scope="session", autouse=True)
+def close_warm_server():
+    yield
+    if _server is not None:
+        _server.close()
 
 
 def run_in_process(*args: str) -> str:

@@ -4,7 +4,7 @@ import json
 
 import pytest
 import torch
-from conftest import REPO, last_checkpoint, quick_args, run_project
+from conftest import REPO, exec_project, last_checkpoint, quick_args, run_project
 
 from project.data import DigitsDataModule
 
@@ -12,7 +12,7 @@ from project.data import DigitsDataModule
 @pytest.fixture(scope="module")
 def ddp_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("ddp_fit")
-    result = run_project("fit", *quick_args(run_dir, "--trainer.devices", "2"), cwd=REPO)
+    result = exec_project("fit", *quick_args(run_dir, "--trainer.devices", "2"), cwd=REPO)  # the README's way
     assert result.returncode == 0, result.stderr[-3000:]
     return run_dir
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, free_port, last_checkpoint, project_env, quick_args, run_project
+from conftest import REPO, free_port, last_checkpoint, processes_left, project_env, quick_args, run_project
 from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
 
 from project.callbacks import RunGuard
@@ -42,18 +42,6 @@ def fail_at(step: int, rank: int, action: str) -> list[str]:
     ]
 
 
-def processes_running_in(run_dir: Path) -> list[int]:
-    """Live processes whose command line names RUN_DIR: the run's ranks, if any are left."""
-    pids = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            if str(run_dir).encode() in cmdline.read_bytes():
-                pids.append(int(cmdline.parent.name))
-        except OSError:  # the process ended while we looked
-            continue
-    return pids
-
-
 @pytest.mark.parametrize(
     ("rank", "action", "named"),
     [
@@ -70,7 +58,7 @@ def test_a_failed_rank_ends_every_process_quickly_and_is_named(tmp_path, rank, a
     if action == "sigkill" and rank == 1:
         assert re.search(r"rank 1 \(pid \d+\) was killed by SIGKILL", result.stderr)
     assert seconds < 60  # start-up included: a hang would wait for the 30-minute collective timeout
-    assert processes_running_in(tmp_path / "run") == []
+    assert processes_left(result) == []
 
 
 def test_a_nan_loss_stops_training_naming_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
@@ -142,7 +130,7 @@ def test_sigterm_to_one_rank_stops_every_rank_at_the_same_step_saves_it_and_resu
     assert "exited with code" not in stopped.stderr  # rank 0 reports a launched rank that exits otherwise than 143
     assert "failed" not in stopped.stderr
     assert seconds < 60
-    assert processes_running_in(run_dir) == []
+    assert processes_left(stopped) == []
     assert torch.load(last_checkpoint(run_dir), weights_only=True)["global_step"] == 16
     assert_resumes_to(uninterrupted, run_dir)
 

@@ -7,8 +7,7 @@ import sys
 
 import pytest
 import torch
-from conftest import REPO, last_checkpoint, quick_args, run_folder, run_project
-from test_faults import processes_running_in
+from conftest import REPO, last_checkpoint, processes_left, quick_args, run_folder, run_project
 
 pytest.importorskip("torchvision")
 sys.path.insert(0, str(REPO / "scripts"))
@@ -135,4 +134,4 @@ def test_an_unreadable_image_stops_every_rank_naming_the_file(images, tmp_path):
     assert result.returncode != 0
     assert f"cannot read image {broken}" in result.stderr
     assert "rank " in result.stderr and " failed at step " in result.stderr
-    assert processes_running_in(run_dir) == []
+    assert processes_left(result) == []
