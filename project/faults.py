@@ -15,7 +15,7 @@ import torch
 from lightning.pytorch import Trainer
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 
-# The process that started this one: for a rank Lightning's launcher re-ran, rank 0 (project/launcher.py sets it in a
+# The process that started this one: for a rank that Lightning's launcher re-ran, rank 0 (launcher.py sets it in a
 # forked rank). Recorded at import, before a failure to join the process group can come.
 LAUNCHER_PID = os.getppid()
 DIST_HINT = (

@@ -7,8 +7,8 @@ with rank 0's parsed config, model and data module (copied on write), and joins 
 re-run one: the environment variables, the process bookkeeping and the watch over the ranks are Lightning's own.
 
 Two things cannot cross a fork: torch's OpenMP pool (libgomp hangs in a child forked after a multi-threaded parallel
-region) and CUDA (unusable in a child forked after it started). So the CLI (project/cli.py) builds on one thread, and
-uses this launcher on CPU only, where it used Lightning's script launcher; GPU ranks are started by Lightning's.
+region) and CUDA (unusable in a child forked after it started). So the CLI (cli.py) builds on one thread, and uses
+this launcher on CPU only, where it used Lightning's script launcher; GPU ranks are started by Lightning's.
 Lightning's own ``ddp_fork`` is another design: the launching process forks every rank, rank 0 included, and waits
 for rank 0's results through a queue.
 """

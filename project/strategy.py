@@ -1,11 +1,17 @@
-"""The training strategy: Lightning's DDP, without the DDP wrapper when there is nothing to synchronise.
+"""The training strategy: Lightning's DDP, without the DDP wrapper when there is nothing to synchronise, and with a
+process group that survives torchrun's restarts.
 
-With several processes this is exactly Lightning's ``DDPStrategy``. With one, the network trains unwrapped,
-the way Lightning's single-device strategy trains it: torch's DistributedDataParallel still runs its reducer and
-an all-reduce every step when alone, which made the digits MLP's CPU step about 30% slower. The process group is
-kept (a group of one), so everything that expects one works the same whatever the world size.
+With several processes this is Lightning's ``DDPStrategy``. With one, the network trains unwrapped, the way
+Lightning's single-device strategy trains it: torch's DistributedDataParallel still runs its reducer and an all-reduce
+every step when alone, which made the digits MLP's CPU step about 30% slower. The process group is kept (a group of
+one), so everything that expects one works the same whatever the world size.
 """
 
+import os
+from datetime import timedelta
+
+import torch.distributed as dist
+from lightning.fabric.utilities.distributed import _init_dist_connection
 from lightning.pytorch import strategies
 
 
@@ -15,3 +21,30 @@ class DDPStrategy(strategies.DDPStrategy):
     def configure_ddp(self) -> None:
         if self.world_size > 1:
             super().configure_ddp()
+
+    def setup_distributed(self) -> None:
+        """Under torchrun, joins the process group through a key space of this attempt's own (see ``attempt_store``);
+        Lightning's setup then finds the group ready. Elsewhere, Lightning's setup as it is."""
+        store = attempt_store(self._timeout)
+        if store is not None:
+            self.set_world_ranks()
+            device_id = self.root_device if self.root_device.type != "cpu" else None  # as Lightning passes it
+            backend = self._get_process_group_backend()
+            _init_dist_connection(
+                self.cluster_environment, backend, store=store, timeout=self._timeout, device_id=device_id
+            )
+        super().setup_distributed()
+
+
+def attempt_store(timeout: timedelta) -> dist.Store | None:
+    """The torchrun agent's store, under a prefix for this attempt (``TORCHELASTIC_RESTART_COUNT``); None elsewhere.
+
+    torch 2.14's agent keeps one store for every attempt, and no longer prefixes the ranks' keys by attempt: after a
+    restart, a rank could read the address a killed rank had published ("Gloo connectFullMesh failed ... Connection
+    refused", seen when the new ranks started a few seconds apart) and fail the restart.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    agent = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout)
+    return dist.PrefixStore(f"/project/attempt_{attempt}", agent)

@@ -55,8 +55,9 @@ _server: WarmServer | None = None
 
 
 def run_project(*args: str, cwd: Path, timeout: float = 300, env: dict | None = None) -> ProjectRun:
-    """Runs `python -m project ARGS` to completion, every rank included, with stdout and stderr captured: in a process
-    forked from a server that has imported the project (tests/warm_start.py), which saves each run its start-up."""
+    """Runs `python -m project ARGS` to its end, every rank included, with stdout and stderr captured: in a
+    process forked from a server that has imported the project (tests/warm_start.py), which saves each run its
+    start-up."""
     global _server
     if _server is None:
         _server = WarmServer(project_env())

@@ -56,7 +56,8 @@ def test_accuracy_is_identical_on_one_two_and_three_processes(test_metrics):
 
 def test_predict_on_two_processes_writes_every_test_sample_in_order(ddp_run, test_metrics, tmp_path):
     ckpt = str(last_checkpoint(ddp_run))
-    result = run_project("predict", *quick_args(tmp_path, "--trainer.devices", "2", "--ckpt_path", ckpt), cwd=REPO)
+    args = quick_args(tmp_path, "--trainer.devices", "2", "--ckpt_path", ckpt)
+    result = run_project("predict", *args, cwd=REPO)
     assert result.returncode == 0, result.stderr[-3000:]
     [path] = tmp_path.glob("lightning_logs/version_*/predictions.csv")
     rows = [line.split(",") for line in path.read_text().splitlines()[1:]]

@@ -212,7 +212,8 @@ def test_a_peer_that_never_arrives_fails_after_the_configured_timeout(tmp_path):
     """Node 0 of two, and node 1 never starts: the wait ends at the config's process-group timeout."""
     args = quick_args(tmp_path / "run", "--trainer.num_nodes", "2", "--trainer.strategy.init_args.timeout", "0:00:05")
     start = time.monotonic()
-    result = run_project("fit", *args, cwd=REPO, env=project_env(NODE_RANK="0", MASTER_ADDR="127.0.0.1"), timeout=120)
+    env = project_env(NODE_RANK="0", MASTER_ADDR="127.0.0.1")
+    result = run_project("fit", *args, cwd=REPO, env=env, timeout=120)
     seconds = time.monotonic() - start
     assert result.returncode != 0
     assert re.search(r"Timed out after \d+ seconds waiting for clients. 1/2 clients joined", result.stderr)

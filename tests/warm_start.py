@@ -1,10 +1,10 @@
-"""`python -m project` without its start-up, for the suite: a server that has imported the project forks each run.
+"""`python -m project` without its start-up, for the suite: a server that has imported it forks each run.
 
 Every run of the suite used to pay the interpreter's start and the imports of torch, Lightning, torchmetrics and
 torchvision (about 8 s on a 2-core machine) before its first line of ours; over about 150 runs that was most of the
 suite's time. Here one server process imports the project once, and each run is a child forked from it: a real,
 separate process that sets its working folder, environment, arguments and output files, then calls
-``project.cli.main`` as ``python -m project`` does and exits the way Python exits. Its local ranks are forked from it
+``project.cli.main`` as ``python -m project`` does, and exits the way Python exits. Its local ranks are forked
 in turn (project/launcher.py). What only a fresh interpreter shows (the console command, the program name, the
 launchers' own scripts) stays tested with real ``python -m project`` processes.
 
