@@ -2,13 +2,12 @@
 
 import random
 import signal
-import subprocess
-import sys
 import time
 
 import numpy as np
 import pytest
 import torch
+from conftest import finish, start_python
 from torch.utils.data import SequentialSampler
 
 from project.checkpointing import (
@@ -35,15 +34,15 @@ def test_killing_the_process_mid_save_leaves_the_previous_checkpoint_readable(tm
     AtomicCheckpointIO().save_checkpoint({"i": -1, "w": torch.zeros(1)}, ckpt)
     for round_ in range(2):
         partial.unlink(missing_ok=True)  # the last round's cut-short file
-        saver = subprocess.Popen([sys.executable, "-c", SAVER, str(ckpt), str(round_ * 1000)])
+        saver = start_python("-c", SAVER, str(ckpt), str(round_ * 1000), cwd=tmp_path)
         try:
             # Kill while a save is half written: the partial file exists and is growing.
             deadline = time.monotonic() + 60
             while not (partial.exists() and partial.stat().st_size > 1_000_000) and time.monotonic() < deadline:
                 time.sleep(0.001)
-            saver.send_signal(signal.SIGKILL)
         finally:
-            saver.wait()
+            saver.kill()
+        assert finish(saver).returncode == -signal.SIGKILL
         assert 0 < partial.stat().st_size < 32_000_000  # the kill did cut a save short
         loaded = torch.load(ckpt, weights_only=True)  # a whole earlier save
         expected = torch.zeros(1) if loaded["i"] == -1 else torch.arange(8_000_000, dtype=torch.float32) + loaded["i"]

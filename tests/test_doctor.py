@@ -6,7 +6,7 @@ import sys
 import time
 
 import pytest
-from conftest import REPO, free_port, project_env, run_project
+from conftest import REPO, finish, free_port, project_env, run_project, start_python
 from fake_cluster import slurm_allocation
 
 from project.doctor import parse_size
@@ -82,23 +82,18 @@ def test_missing_or_unreachable_peers_fail_within_the_timeout():
         # both nodes come, but each was told there are 3
         "world size too large": [("0", short_port, "3"), ("1", short_port, "3")],
     }
-    procs = []
+    runs = []
     start = time.monotonic()
     for case, nodes in cases.items():
         for node_rank, port, num_nodes in nodes:
             env = project_env(NODE_RANK=node_rank, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-            cmd = [sys.executable, "-m", "project", "doctor", "--num-nodes", num_nodes, "--timeout", str(timeout)]
-            proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            procs.append((case, proc))
-    try:
-        for case, proc in procs:
-            _, stderr = proc.communicate(timeout=90)  # a hang fails here
-            assert proc.returncode == 1, f"{case}: {stderr[-2000:]}"
-            assert f"did not form within {timeout} s" in stderr, f"{case}: {stderr[-2000:]}"
-            assert "MASTER_PORT" in stderr and "NCCL_SOCKET_IFNAME" in stderr  # the hint
-    finally:
-        for _, proc in procs:
-            proc.kill()
+            args = ("doctor", "--num-nodes", num_nodes, "--timeout", str(timeout))
+            runs.append((case, start_python("-m", "project", *args, cwd=REPO, env=env)))
+    for case, run in runs:
+        result = finish(run, timeout=90)  # a hang fails here
+        assert result.returncode == 1, f"{case}: {result.stderr[-2000:]}"
+        assert f"did not form within {timeout} s" in result.stderr, f"{case}: {result.stderr[-2000:]}"
+        assert "MASTER_PORT" in result.stderr and "NCCL_SOCKET_IFNAME" in result.stderr  # the hint
     assert time.monotonic() - start >= timeout  # they waited for the peers before giving up
 
 

@@ -1,22 +1,22 @@
 """`python -m project` without its start-up, for the suite: a server that has imported it forks each run.
 
-Every run of the suite used to pay the interpreter's start and the imports of torch, Lightning, torchmetrics and
-torchvision (about 8 s on a 2-core machine) before its first line of ours; over about 150 runs that was most of the
-suite's time. Here one server process imports the project once, and each run is a child forked from it: a real,
-separate process that sets its working folder, environment, arguments and output files, then calls
-``project.cli.main`` as ``python -m project`` does, and exits the way Python exits. Its local ranks are forked
-in turn (project/launcher.py). What only a fresh interpreter shows (the console command, the program name, the
-launchers' own scripts) stays tested with real ``python -m project`` processes.
+Every run of the suite used to pay the interpreter's start and the imports of torch, Lightning, torchmetrics
+and torchvision (about 8 s on a 2-core machine) before its first line of ours; over about 150 runs that was
+most of the suite's time. Here one server process imports the project once, and each run is a child forked
+from it: a real, separate process that sets its working folder, environment, arguments and output files,
+then runs ``-m project ARGS`` (or ``-c CODE``) the way ``python`` runs it, and exits the way Python exits.
+Its local ranks are forked in turn (project/launcher.py). What only a fresh interpreter shows (the console
+command, the program name, the launchers' own scripts) stays tested with real ``python -m project`` runs.
 
-Protocol, one JSON line each way: ``{"start": {args, cwd, env, stdout, stderr}}`` -> ``{"pid"}``;
+Protocol, one JSON line each way: ``{"start": {argv, cwd, env, stdout, stderr}}`` -> ``{"pid"}``;
 ``{"wait": pid, "timeout": s}`` -> ``{"returncode"}`` or ``{"timeout": true}``.
 """
 
 import contextlib
 import fcntl
-import importlib.util
 import json
 import os
+import runpy
 import signal
 import subprocess
 import sys
@@ -29,8 +29,8 @@ SERVER = Path(__file__).resolve()
 class WarmRun:
     """One run forked by the server; it leads its own session, which every process of the run belongs to."""
 
-    def __init__(self, server: "WarmServer", pid: int, stdout: Path, stderr: Path) -> None:
-        self.server, self.pid, self.stdout, self.stderr = server, pid, stdout, stderr
+    def __init__(self, server: "WarmServer", pid: int, argv: list[str], stdout: Path, stderr: Path) -> None:
+        self.server, self.pid, self.argv, self.stdout, self.stderr = server, pid, argv, stdout, stderr
         self.returncode: int | None = None
 
     def wait(self, timeout: float) -> int:
@@ -67,10 +67,11 @@ class WarmServer:
             raise RuntimeError(f"the warm-start server ended (exit code {self.process.wait()})")
         return json.loads(reply)
 
-    def start(self, args: list[str], cwd: Path, env: dict[str, str], output_dir: Path) -> WarmRun:
+    def start(self, argv: list[str], cwd: Path, env: dict[str, str], output_dir: Path) -> WarmRun:
+        """Starts ``python ARGV`` (``-m MODULE ...`` or ``-c CODE ...``), its output going to files in OUTPUT_DIR."""
         stdout, stderr = output_dir / "stdout", output_dir / "stderr"
-        request = {"args": args, "cwd": str(cwd), "env": env, "stdout": str(stdout), "stderr": str(stderr)}
-        return WarmRun(self, self._ask({"start": request})["pid"], stdout, stderr)
+        request = {"argv": argv, "cwd": str(cwd), "env": env, "stdout": str(stdout), "stderr": str(stderr)}
+        return WarmRun(self, self._ask({"start": request})["pid"], argv, stdout, stderr)
 
     def wait(self, pid: int, timeout: float) -> int:
         reply = self._ask({"wait": pid, "timeout": timeout})
@@ -123,7 +124,7 @@ def wait(pid: int, timeout: float) -> dict:
 
 
 def run(request: dict) -> None:
-    """In the forked child: becomes ``python -m project ARGS`` run in CWD with ENV, printing to the two files."""
+    """In the forked child: becomes ``python ARGV`` run in CWD with ENV, printing to the two files."""
     os.setsid()  # the run's processes form a session: a timeout kills them all, a test can look for leftovers
     os.chdir(request["cwd"])
     os.environ.clear()
@@ -137,12 +138,16 @@ def run(request: dict) -> None:
         os.close(opened)
     fcntl.flock(1, fcntl.LOCK_SH)  # held while any process of the run holds its output: see WarmRun.wait
     sys.stdout.reconfigure(line_buffering=True)
-    main_module = sys.modules["__main__"]  # as `python -m project` sets it (Lightning's launcher reads it)
-    main_module.__spec__ = importlib.util.find_spec("project.__main__")
-    sys.argv = [main_module.__spec__.origin, *request["args"]]
-    from project.cli import main
-
-    sys.exit(main())  # reads sys.argv, as `python -m project` does
+    option, target, *args = request["argv"]
+    if option == "-m":  # as `python -m MODULE`: sys.argv[0] and __main__ (which Lightning's launcher reads) set
+        sys.argv = [target, *args]
+        runpy.run_module(target, run_name="__main__", alter_sys=True)
+    elif option == "-c":
+        sys.argv = ["-c", *args]
+        exec(compile(target, "<string>", "exec"), {"__name__": "__main__"})
+    else:
+        raise ValueError(f"python {option}: only -m MODULE and -c CODE are served")
+    sys.exit(0)  # the child never returns into the server's loop
 
 
 if __name__ == "__main__":
