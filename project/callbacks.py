@@ -12,8 +12,9 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import BasePredictionWriter
 
 from project.checkpointing import gather_rng_states, restore_rng_states
-from project.faults import FailFast, NonFiniteLosses
+from project.faults import FailFast, NonFiniteLosses, report
 from project.preemption import Preempted, PreemptionCheck
+from project.throughput import flops_per_sample, peak_flops
 
 
 class TestMetricsWriter(Callback):
@@ -74,8 +75,9 @@ class RunGuard(Callback):
     - RNG states (``project/checkpointing.py``): every rank's, in each checkpoint, restored on resume;
     - preemption (``project/preemption.py``): on SIGTERM to any rank, every rank stops at the same step, last.ckpt
       is saved, the run exits 143;
-    - samples/s (all ranks together) on the progress bar and in the logs, over each ``log_every_n_steps`` window:
-      Lightning's ThroughputMonitor times every step, which needs a CUDA sync per step.
+    - samples/s (all ranks together) on the progress bar and in the logs, over each ``log_every_n_steps`` window,
+      with the model's TFLOP/s and, on GPUs Lightning knows, MFU (``project/throughput.py``): Lightning's
+      ThroughputMonitor times every step, which needs a CUDA sync per step.
 
     A training step costs a list append and an addition here; the rest runs every ``log_every_n_steps`` steps
     (NaN check, samples/s) and every ``preemption_check_every_n_steps`` steps (the SIGTERM flags' exchange).
@@ -90,12 +92,15 @@ class RunGuard(Callback):
         self.preemption = PreemptionCheck(preemption_check_every_n_steps)
         self.non_finite = NonFiniteLosses()
         self._start, self._samples = 0.0, 0
+        self._flops_per_sample: int | None = None  # measured at the first step (project/throughput.py)
+        self._peak_flops: float | None = None
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage == "fit":
             self.preemption.install(trainer)
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._flops_per_sample, self._peak_flops = None, peak_flops(trainer)
         self.on_train_epoch_start(trainer, pl_module)  # a mid-epoch resume skips on_train_epoch_start
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -105,6 +110,8 @@ class RunGuard(Callback):
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         self._samples += len(batch[-1])
+        if self._flops_per_sample is None:
+            self._measure_flops(trainer, pl_module, batch[0])
         self.non_finite.record(outputs["loss"] if isinstance(outputs, Mapping) else outputs, trainer)
         if trainer.global_step % trainer.log_every_n_steps == 0:
             self._log_samples_per_second(trainer, pl_module)
@@ -115,7 +122,22 @@ class RunGuard(Callback):
         if trainer.loggers or trainer.progress_bar_callback:  # a self.log call costs about a millisecond
             samples_per_sec = self._samples * trainer.world_size / (now - self._start)
             pl_module.log("samples_per_sec", samples_per_sec, prog_bar=True, on_step=True)
+            if self._flops_per_sample:
+                flops_per_sec = samples_per_sec * self._flops_per_sample
+                pl_module.log("tflops_per_sec", flops_per_sec / 1e12, on_step=True)
+                if self._peak_flops:  # per device, against its peak
+                    mfu = flops_per_sec / trainer.world_size / self._peak_flops
+                    pl_module.log("mfu", mfu, prog_bar=True, on_step=True)
         self._start, self._samples = now, 0
+
+    def _measure_flops(self, trainer: Trainer, pl_module: LightningModule, inputs: Any) -> None:
+        """Counts the model's FLOPs per sample once (on meta tensors) and says them with the step's (all ranks)."""
+        measured = flops_per_sample(pl_module, inputs) if isinstance(inputs, torch.Tensor) else None
+        self._flops_per_sample = measured or 0  # 0: not measurable, not measured again
+        if measured and trainer.is_global_zero:
+            per_step = measured * len(inputs) * trainer.world_size
+            peak = f", peak {self._peak_flops / 1e12:.0f} TFLOP/s per device" if self._peak_flops else ""
+            report(f"model FLOPs (forward and backward): {measured:.3g} per sample, {per_step:.3g} per step{peak}")
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.non_finite.check(trainer)

@@ -43,8 +43,11 @@ class BaseDataModule(LightningDataModule):
         drop_last: drop the last incomplete training batch of each epoch.
         in_memory: slice batches out of tensors where a split is a ``TensorDataset`` without transforms (fast);
             ``False`` always uses a DataLoader.
+        on_device: with ``in_memory`` on a GPU, keep those tensors on the GPU (moved once per rank) and slice batches
+            there: no copy and no host sync per step. ``False`` for data larger than GPU memory.
         num_workers: DataLoader worker processes per rank (0: load in the training process).
-        pin_memory: page-locked batches for faster copies to the GPU (only when training on GPUs).
+        pin_memory: page-locked batches for faster copies to the GPU (only when training on GPUs); Lightning copies
+            batches with ``non_blocking=True``, which overlaps with compute only from page-locked memory.
         persistent_workers: keep workers alive between epochs (with ``num_workers > 0``).
         prefetch_factor: batches each worker loads ahead (with ``num_workers > 0``; ``None``: torch's default, 2).
     """
@@ -64,6 +67,7 @@ class BaseDataModule(LightningDataModule):
         seed: int = 0,
         drop_last: bool = False,
         in_memory: bool = True,
+        on_device: bool = True,
         num_workers: int = 0,
         pin_memory: bool = True,
         persistent_workers: bool = True,
@@ -147,12 +151,18 @@ class BaseDataModule(LightningDataModule):
             return 1, 0
         return self.trainer.world_size, self.trainer.global_rank
 
+    def _gpu(self) -> torch.device | None:
+        """The GPU this rank trains on; None on CPUs or without a Trainer."""
+        device = self.trainer.strategy.root_device if self.trainer is not None else None
+        return device if device is not None and device.type == "cuda" else None
+
     def _pin_memory(self) -> bool:
-        return self.hparams.pin_memory and self.trainer is not None and self.trainer.strategy.root_device.type == "cuda"
+        return self.hparams.pin_memory and self._gpu() is not None
 
     def _loader(self, dataset: Dataset, sampler: Sampler, drop_last: bool = False) -> Iterable:
         if self.hparams.in_memory and isinstance(dataset, TensorDataset):
-            return TensorBatchLoader(dataset.tensors, sampler, self.hparams.batch_size, drop_last)
+            device = self._gpu() if self.hparams.on_device else None
+            return TensorBatchLoader(dataset.tensors, sampler, self.hparams.batch_size, drop_last, device)
         workers = self.hparams.num_workers
         return StatefulDataLoader(
             dataset,

@@ -4,6 +4,9 @@ torch's DataLoader fetches samples one by one through ``__getitem__`` and collat
 tensors that Python overhead dominates a training step. ``TensorBatchLoader`` slices whole batches out
 of pre-loaded tensors instead, in the order of the same sampler a DataLoader would use, so sharding,
 shuffling and ``set_epoch`` (which Lightning calls through ``loader.sampler``) behave identically.
+
+Given a GPU ``device``, the tensors move there once and batches are sliced there: no copy per step, and no host
+sync (the epoch's order is computed on the host as the sampler gives it, and copied once per epoch).
 """
 
 from collections.abc import Iterator, Sized
@@ -22,11 +25,17 @@ class TensorBatchLoader:
     """
 
     def __init__(
-        self, tensors: tuple[Tensor, ...], sampler: Sampler[int], batch_size: int, drop_last: bool = False
+        self,
+        tensors: tuple[Tensor, ...],
+        sampler: Sampler[int],
+        batch_size: int,
+        drop_last: bool = False,
+        device: torch.device | None = None,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        self.tensors = tensors
+        self.tensors = tensors if device is None else tuple(tensor.to(device) for tensor in tensors)
+        self.device = device
         self.sampler = sampler
         self.batch_sampler = None  # Lightning inspects DataLoader-like objects for this attribute
         self.batch_size = batch_size
@@ -42,6 +51,8 @@ class TensorBatchLoader:
 
     def __iter__(self) -> Iterator[list[Tensor]]:
         indices = torch.as_tensor(list(self.sampler), dtype=torch.long)
+        if self.device is not None:
+            indices = indices.to(self.device, non_blocking=True)
         skip, self._batches_to_skip = self._batches_to_skip, 0
         self._batches_done = skip
         for start in range(skip * self.batch_size, len(self) * self.batch_size, self.batch_size):
