@@ -5,10 +5,12 @@
 Writes ``runs/gpu_check/gpu_check.json`` (one entry per check: passed, seconds, figures) and ``gpu_check.log`` (every
 command's output). Checks: the doctor; a 1-GPU fit with configs/gpu.yaml (NCCL, bf16) to test accuracy >= 0.90, and
 a ``test`` of its checkpoint; the same fit with ``torch.cuda.set_sync_debug_mode("error")`` on for the steady steps
-between logging steps (any host sync there fails the run); configs/fsdp.yaml on 1 GPU; torch.compile; the
-benchmark's CUDA rows. Exit code 0 only when every check passed.
+between logging steps (any host sync there fails the run); configs/fsdp.yaml on 1 GPU; torch.compile; the suite's
+GPU tests (in-memory data on the device); the benchmark's CUDA rows. Each fit reports its last logged MFU. Exit code 0
+only when every check passed.
 """
 
+import csv
 import json
 import os
 import subprocess
@@ -65,7 +67,16 @@ def fit_and_test(log, name: str, *extra: str, epochs: int = 20) -> dict[str, Any
     fit_code, _ = project(log, "fit", *args)
     test_code, _ = project(log, "test", *args, "--ckpt_path", "last") if fit_code == 0 else (None, "")
     accuracy = test_acc(root)
-    return {"passed": fit_code == 0 and test_code == 0 and (accuracy or 0) >= 0.90, "test_acc": accuracy}
+    passed = fit_code == 0 and test_code == 0 and (accuracy or 0) >= 0.90
+    return {"passed": passed, "test_acc": accuracy, "last_mfu": last_logged(root, "mfu")}
+
+
+def last_logged(root: Path, column: str) -> float | None:
+    """The last value the fit logged in COLUMN of its metrics.csv (MFU: the GPU's peak is known to Lightning)."""
+    found = sorted(root.glob("lightning_logs/version_0/metrics.csv"))
+    rows = list(csv.DictReader(found[0].open())) if found else []
+    values = [row[column] for row in rows if row.get(column)]
+    return float(values[-1]) if values else None
 
 
 def checks(log) -> dict[str, Any]:
@@ -78,7 +89,11 @@ def checks(log) -> dict[str, Any]:
     rows = ["cuda-in-memory-1p-cnn", "cuda-dataloader-1p", "cuda-in-memory-1p"]
     benchmark = [sys.executable, "scripts/benchmark.py", "--only", *rows, "--output", str(bench)]
     bench_code, _ = run(log, *benchmark, timeout=400)
+    # The suite's GPU tests (in-memory splits on the device), which skip without CUDA.
+    pytest = [sys.executable, "-m", "pytest", "-q", "-o", "addopts=", "tests/test_throughput.py"]  # no xdist needed
+    gpu_tests_code, gpu_tests = run(log, *pytest)
     return {
+        "gpu_tests": {"passed": gpu_tests_code == 0 and " skipped" not in gpu_tests, "report": gpu_tests[-500:]},
         "doctor": {"passed": doctor_code == 0, "report": doctor[-2000:]},
         "fit_gpu_yaml_bf16": fit_and_test(log, "fit"),
         "no_host_sync_in_steady_steps": {"passed": sync_code == 0, "error": sync_output[-500:] if sync_code else None},
