@@ -14,6 +14,8 @@ sys.path.insert(0, str(REPO / "scripts"))
 from write_digit_images import write_digit_images  # noqa: E402
 
 from project.data import ImageFolderDataModule  # noqa: E402
+from project.data.image_folder import load_image  # noqa: E402
+from project.data.transforms import ImageToFloat  # noqa: E402
 
 IMAGE_FOLDER_CONFIG = str(REPO / "configs" / "image_folder.yaml")
 
@@ -89,6 +91,15 @@ def test_augmentation_is_seeded_per_sample_and_epoch(images):
     crops = [train[(index, again[index])][0] for index, _ in list(data.train_dataloader().sampler)[:8]]
     assert any(not torch.equal(a, b) for a, b in zip(first, crops, strict=True))  # another epoch, other crops
     assert data.input_shape == (1, 8, 8) and first[0].shape == (1, 8, 8)
+
+
+def test_the_presets_tensor_step_gives_torchvisions_numbers(images):
+    from torchvision.transforms import v2
+
+    for mode in ("L", "RGB"):
+        image = load_image(str(sorted((images / "train" / "3").glob("*.png"))[0]), mode)
+        expected = v2.ToDtype(torch.float32, scale=True)(v2.ToImage()(image))
+        assert torch.equal(ImageToFloat()(image), expected) and expected.shape[0] == len(mode)
 
 
 @pytest.mark.parametrize(
