@@ -192,16 +192,22 @@ def main(args: list[str] | None = None) -> None:
         from project import sweep  # Optuna is an optional extra
 
         sys.exit(sweep.main(argv[1:]))
-    ProjectCLI(
-        ClassificationModule,
-        BaseDataModule,
-        subclass_mode_data=True,
-        trainer_defaults={"use_distributed_sampler": False},
-        save_config_callback=runs.RunRecord,
-        save_config_kwargs={"overwrite": False},
-        parser_kwargs={"prog": program_name()},
-        args=args,
-    )
+    try:
+        ProjectCLI(
+            ClassificationModule,
+            BaseDataModule,
+            subclass_mode_data=True,
+            trainer_defaults={"use_distributed_sampler": False},
+            save_config_callback=runs.RunRecord,
+            save_config_kwargs={"overwrite": False},
+            parser_kwargs={"prog": program_name()},
+            args=args,
+        )
+    finally:
+        # Lightning leaves a gloo group to the interpreter's exit, where its C++ threads can still hold work and
+        # abort the process ("terminate called without an active exception", pytorch/pytorch#190489; seen once).
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def program_name() -> str:

@@ -357,12 +357,10 @@ def main() -> int:
     for config in configs:
         if not args.only or config.name in args.only:
             results[config.name] = bench(config, args.repeats, args.threads)
-            result = results[config.name]
-            print(
-                f"done {config.name}: template steps/s x{result['ratio_steps_per_s']:.2f} plain,"
-                f" x{result['ratio_to_bare_steps_per_s']:.2f} bare",
-                flush=True,
-            )
+            result, bare = results[config.name], results[config.name]["ratio_to_bare_steps_per_s"]
+            versus_bare = f", x{bare:.2f} bare" if bare else ""  # the file pipelines have no bare side
+            ratio = result["ratio_steps_per_s"]
+            print(f"done {config.name}: template steps/s x{ratio:.2f} plain{versus_bare}", flush=True)
     found = comparisons(results)
     print(table(results))
     print("\n".join(f"{key}: {value:.2f}" for key, value in found.items()))
