@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch.utils.data import DistributedSampler
 
-from project.data.samplers import ExactDistributedSampler
+from project.data.samplers import ExactDistributedSampler, sample_seed
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3])
@@ -48,3 +48,9 @@ def test_train_sampler_pads_so_every_rank_runs_the_same_number_of_steps():
     assert [len(s) for s in shards] == [420, 420, 420]
     assert set(itertools.chain(*shards)) == set(range(1259))
     assert torch.tensor(list(itertools.chain(*shards))).unique().numel() == 1259
+
+
+def test_sample_seeds_are_distinct_63_bit_and_depend_only_on_seed_epoch_and_index():
+    seeds = [sample_seed(seed, epoch, index) for seed in range(3) for epoch in range(5) for index in range(2000)]
+    assert len(set(seeds)) == len(seeds) and all(0 <= s < 2**63 for s in seeds)
+    assert sample_seed(1, 2, 3) == sample_seed(1, 2, 3) != sample_seed(1, 3, 2)

@@ -9,7 +9,6 @@ which makes distributed accuracy wrong whenever ``len(dataset) % world_size != 0
 
 from collections.abc import Iterator, Sized
 
-import numpy as np
 from torch.utils.data import Sampler
 
 
@@ -61,5 +60,22 @@ class SeededSampler(Sampler[tuple[int, int]]):
 
 
 def sample_seed(seed: int, epoch: int, index: int) -> int:
-    """A well-mixed 63-bit seed for one sample in one epoch."""
-    return int(np.random.SeedSequence([seed, epoch, index]).generate_state(1, np.uint64)[0] >> np.uint64(1))
+    """A well-mixed 63-bit seed for one sample in one epoch: SplitMix64's mixer over the three numbers in turn.
+
+    In plain integers, about 3 us: numpy's ``SeedSequence`` per sample took 7% of an image-folder step.
+    """
+    mixed = 0
+    for number in (seed, epoch, index):
+        mixed = splitmix64(mixed ^ (number & MASK_64))
+    return mixed >> 1
+
+
+MASK_64 = (1 << 64) - 1
+
+
+def splitmix64(value: int) -> int:
+    """SplitMix64's step and finaliser (Steele, Lea and Flood, 2014): a bijection of 64-bit integers."""
+    value = (value + 0x9E3779B97F4A7C15) & MASK_64
+    value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & MASK_64
+    value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & MASK_64
+    return value ^ (value >> 31)
