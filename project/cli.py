@@ -204,8 +204,8 @@ def main(args: list[str] | None = None) -> None:
             args=args,
         )
     finally:
-        # Lightning leaves a gloo group to the interpreter's exit, where its C++ threads can still hold work and
-        # abort the process ("terminate called without an active exception", pytorch/pytorch#190489; seen once).
+        # torch asks every process to destroy its group before exiting; Lightning does so only for NCCL. Left to the
+        # interpreter's exit, gloo's threads can abort it (pytorch/pytorch#190489).
         if dist.is_initialized():
             dist.destroy_process_group()
 

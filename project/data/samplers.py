@@ -59,6 +59,9 @@ class SeededSampler(Sampler[tuple[int, int]]):
         return len(self.sampler)
 
 
+MASK_64 = (1 << 64) - 1
+
+
 def sample_seed(seed: int, epoch: int, index: int) -> int:
     """A well-mixed 63-bit seed for one sample in one epoch: SplitMix64's mixer over the three numbers in turn.
 
@@ -68,9 +71,6 @@ def sample_seed(seed: int, epoch: int, index: int) -> int:
     for number in (seed, epoch, index):
         mixed = splitmix64(mixed ^ (number & MASK_64))
     return mixed >> 1
-
-
-MASK_64 = (1 << 64) - 1
 
 
 def splitmix64(value: int) -> int:
