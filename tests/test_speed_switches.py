@@ -18,9 +18,13 @@ def fit_and_test(root, *flags: str) -> float:
     return json.loads((run_folder(root) / "test_metrics.json").read_text())["test_acc"]
 
 
+# Each graph is its own inductor compilation, the expensive part on CPU: validation off (eval mode
+# is another graph), and whole batches only (the epoch's last, smaller batch would compile a dynamic-shape graph).
+COMPILED = ("--model.compile", "true", "--trainer.limit_val_batches", "0", "--trainer.limit_train_batches", "19")
+
+
 def test_a_compiled_network_trains_and_its_checkpoint_evaluates_in_an_uncompiled_module(tmp_path):
-    # Validation off: each mode (train, eval) is its own inductor compilation, the expensive part on CPU.
-    run_in_process("fit", *quick_args(tmp_path, "--model.compile", "true", "--trainer.limit_val_batches", "0"))
+    run_in_process("fit", *quick_args(tmp_path, *COMPILED))
     ckpt = checkpoint_dir(tmp_path) / "last.ckpt"
     assert not any("_orig_mod" in key for key in torch.load(ckpt, weights_only=True)["state_dict"])
     uncompiled = ClassificationModule.load_from_checkpoint(ckpt, compile=False)
