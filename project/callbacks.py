@@ -16,6 +16,27 @@ from project.faults import FailFast, NonFiniteLosses, report
 from project.preemption import Preempted, PreemptionCheck
 from project.throughput import flops_per_sample, peak_flops
 
+# The hooks Lightning calls on every callback at every batch.
+BATCH_HOOKS = tuple(
+    f"{stage}_batch_{when}"
+    for stage in ("on_train", "on_validation", "on_test", "on_predict")
+    for when in ("start", "end")
+) + ("on_before_backward", "on_after_backward", "on_before_optimizer_step", "on_before_zero_grad")
+
+
+def skip_empty_batch_hooks(callbacks: Sequence[Callback]) -> None:
+    """Hides the batch hooks a callback inherits from ``Callback`` (no-ops) behind ``None`` on the instance.
+
+    Lightning calls every callback at each of about six hooks a training step, doing its work in each (the
+    callback's state key, which ModelCheckpoint rebuilds as a string, and a profiler context: about 4 us a call),
+    and skips an attribute that is not callable (``trainer/call.py``, ``_call_callback_hooks``). Each callback is
+    then called only where it does something.
+    """
+    for callback in callbacks:
+        for hook in BATCH_HOOKS:
+            if getattr(type(callback), hook) is getattr(Callback, hook):
+                setattr(callback, hook, None)
+
 
 class TestMetricsWriter(Callback):
     """Writes the final test metrics to ``<log_dir>/test_metrics.json`` and prints them.
@@ -96,6 +117,7 @@ class RunGuard(Callback):
         self._peak_flops: float | None = None
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        skip_empty_batch_hooks(trainer.callbacks)  # the final list: the model's own callbacks are in it by now
         if stage == "fit":
             self.preemption.install(trainer)
 

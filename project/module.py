@@ -14,6 +14,9 @@ from torch import Tensor, nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
+# Training steps whose logits are kept before they are counted: memory is this many steps' logits (batch x classes).
+TRAIN_ACC_WINDOW = 16
+
 
 class ClassificationModule(LightningModule):
     """Classifies with ``network``; ``optimizer`` and ``scheduler`` come from config.
@@ -50,10 +53,11 @@ class ClassificationModule(LightningModule):
         self.scheduler = scheduler
         self.channels_last = channels_last
         self.loss_fn = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
-        # Training accuracy is counted with plain tensor sums each step (a torchmetrics update costs about 0.1 ms, 5%
-        # of a small CPU step) and handed to train_acc once per epoch, weighted: still exact across ranks.
-        self.train_acc = MeanMetric()
+        # Training accuracy: each step keeps its (detached) logits and targets; every TRAIN_ACC_WINDOW steps they are
+        # counted in one go (per step, argmax-compare-sum cost about 0.15 ms, 5% of a small CPU step), and at epoch
+        # end one all-reduce of the counts gives the exact accuracy over every rank's samples.
         self.train_counts: dict[str, Any] = {"correct": 0, "seen": 0}  # a dict: no nn.Module attribute per step
+        self.train_outputs: list[tuple[Tensor, Tensor]] = []
         # average="micro" is plain accuracy; torchmetrics' default ("macro") is per-class mean.
         self.val_acc = MulticlassAccuracy(num_classes, average="micro")
         self.test_acc = MulticlassAccuracy(num_classes, average="micro")
@@ -78,9 +82,9 @@ class ClassificationModule(LightningModule):
         x, y = batch
         logits = self(x)
         loss = self.loss_fn(logits, y)
-        counts = self.train_counts
-        counts["correct"] = counts["correct"] + (logits.detach().argmax(dim=1) == y).sum()
-        counts["seen"] += len(y)
+        self.train_outputs.append((logits.detach(), y))
+        if len(self.train_outputs) == TRAIN_ACC_WINDOW:
+            self.count_train_outputs()
         if self._is_logging_step():
             self.log("train_loss", loss, prog_bar=True)
         return loss
@@ -112,15 +116,33 @@ class ClassificationModule(LightningModule):
 
     # Metric objects are logged once per epoch, not per step: each log call moves the metric's states.
     def on_train_epoch_end(self) -> None:
-        self.update_train_acc()
-        self.log("train_acc", self.train_acc)
+        accuracy = self.train_accuracy()
+        if accuracy is not None:
+            self.log("train_acc", accuracy)
 
-    def update_train_acc(self) -> None:
-        """Moves the training counts so far into ``train_acc``."""
-        correct, seen = self.train_counts["correct"], self.train_counts["seen"]
-        if seen:
-            self.train_acc.update(correct / seen, weight=seen)
+    def count_train_outputs(self) -> None:
+        """Adds the kept steps' correct predictions and samples to the epoch's counts."""
+        if not self.train_outputs:
+            return
+        logits, targets = (torch.cat(parts) for parts in zip(*self.train_outputs, strict=True))
+        self.train_outputs.clear()
+        counts = self.train_counts
+        counts["correct"] = counts["correct"] + (logits.argmax(dim=1) == targets).sum()
+        counts["seen"] += len(targets)
+
+    def train_accuracy(self) -> Tensor | None:
+        """The epoch's training accuracy over every rank's samples (None if none were seen), and a new count.
+
+        One all-reduce of (correct, seen): a torchmetrics object logged instead costs its states' all-gathers and
+        about 2 ms of Lightning's logging an epoch.
+        """
+        self.count_train_outputs()
+        counts = torch.stack([torch.as_tensor(value, device=self.device) for value in self.train_counts.values()])
         self.train_counts.update(correct=0, seen=0)
+        if self._trainer is not None:
+            counts = self.trainer.strategy.reduce(counts, reduce_op="sum")  # int64: exact at any count
+        correct, seen = counts
+        return correct.float() / seen if seen else None
 
     def on_validation_epoch_end(self) -> None:
         self._log_epoch_metrics("val")

@@ -1,6 +1,11 @@
+import csv
+
+import pytest
 import torch
+from conftest import REPO, last_checkpoint, quick_args, run_folder, run_project
 from torch import nn
 
+from project.data import DigitsDataModule
 from project.module import ClassificationModule
 from project.networks import MLP
 
@@ -13,8 +18,8 @@ def test_training_step_returns_cross_entropy_and_tracks_accuracy():
     logits = module(x)
     assert torch.allclose(loss, nn.functional.cross_entropy(logits, y))
     expected_accuracy = (logits.argmax(1) == y).float().mean()
-    module.update_train_acc()  # done by on_train_epoch_end
-    assert torch.isclose(module.train_acc.compute(), expected_accuracy)
+    assert torch.isclose(module.train_accuracy(), expected_accuracy)  # what on_train_epoch_end logs
+    assert module.train_accuracy() is None  # counting starts over: no sample seen since
 
 
 def test_eval_metrics_are_exact_per_sample_means_over_uneven_batches():
@@ -41,3 +46,21 @@ def test_optimizer_and_scheduler_come_from_the_injected_callables():
     config = module.configure_optimizers()
     assert config["optimizer"].defaults["lr"] == 0.5 and config["optimizer"].defaults["nesterov"]
     assert isinstance(config["lr_scheduler"], torch.optim.lr_scheduler.StepLR)
+
+
+def test_train_acc_counts_every_sample_of_every_rank_once(tmp_path):
+    """With lr 0 the weights never change: the epoch's train_acc on 2 ranks must be the accuracy of the saved weights
+    on the whole training split (1,258 samples, 629 a rank), counted across ranks."""
+    flags = ("--trainer.devices", "2", "--trainer.max_epochs", "1", "--trainer.limit_val_batches", "0")
+    flags += ("--model.optimizer.init_args.lr", "0", "--model.scheduler", "null")
+    result = run_project("fit", *quick_args(tmp_path, *flags), cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    with (run_folder(tmp_path) / "metrics.csv").open(newline="") as file:
+        [logged] = [float(row["train_acc"]) for row in csv.DictReader(file) if row["train_acc"]]
+    module = ClassificationModule.load_from_checkpoint(last_checkpoint(tmp_path))
+    data = DigitsDataModule()
+    data.setup("fit")
+    x, y = (torch.stack(column) for column in zip(*data.splits["train"], strict=True))
+    with torch.no_grad():
+        expected = (module(x).argmax(dim=1) == y).float().mean().item()
+    assert len(y) == 1258 and logged == pytest.approx(expected, abs=1e-6)
