@@ -90,13 +90,19 @@ class ClassificationModule(LightningModule):
         return loss
 
     def _is_logging_step(self) -> bool:
-        """A self.log call costs about a millisecond: log only on the steps the logger writes, and only when a
-        logger or the progress bar will show it."""
+        """Only the steps the logger writes, when anything reads train_loss."""
         trainer = self._trainer  # None when the module is used on its own
         if trainer is None:
             return True
-        logged = (trainer.global_step + 1) % trainer.log_every_n_steps == 0
-        return logged and bool(trainer.loggers or trainer.progress_bar_callback)
+        return (trainer.global_step + 1) % trainer.log_every_n_steps == 0 and self._is_read("train_loss")
+
+    def _is_read(self, name: str) -> bool:
+        """A self.log call costs about a millisecond: log NAME only when a logger, the progress bar or a callback's
+        monitor (ModelCheckpoint, EarlyStopping) reads it. The same answer on every rank."""
+        trainer = self._trainer
+        if trainer is None or trainer.loggers or trainer.progress_bar_callback:
+            return True
+        return any(getattr(callback, "monitor", None) == name for callback in trainer.callbacks)
 
     def validation_step(self, batch: list[Tensor], batch_idx: int) -> None:
         self._evaluate(batch, "val")
@@ -116,6 +122,10 @@ class ClassificationModule(LightningModule):
 
     # Metric objects are logged once per epoch, not per step: each log call moves the metric's states.
     def on_train_epoch_end(self) -> None:
+        if not self._is_read("train_acc"):
+            self.train_outputs.clear()
+            self.train_counts.update(correct=0, seen=0)
+            return
         accuracy = self.train_accuracy()
         if accuracy is not None:
             self.log("train_acc", accuracy)
