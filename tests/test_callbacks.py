@@ -17,10 +17,13 @@ class CountsBackward(Callback):
         self.calls += 1
 
 
-def test_callbacks_are_called_only_at_the_batch_hooks_they_implement(tmp_path):
+def test_callbacks_are_called_only_at_the_batch_hooks_they_implement_and_checkpoints_where_they_can_save(tmp_path):
     data = DigitsDataModule()
     module = ClassificationModule(MLP(data.num_classes, data.input_shape), data.num_classes)
-    counter, checkpoint = CountsBackward(), ModelCheckpoint(dirpath=tmp_path)
+    counter = CountsBackward()
+    by_epoch = ModelCheckpoint(dirpath=tmp_path / "epoch")
+    by_steps = ModelCheckpoint(dirpath=tmp_path / "steps", every_n_train_steps=3, save_top_k=-1)
+    saves_nothing = ModelCheckpoint(dirpath=tmp_path / "none", save_top_k=0, save_last=False, every_n_epochs=2)
     trainer = Trainer(
         accelerator="cpu",
         max_steps=7,
@@ -28,11 +31,18 @@ def test_callbacks_are_called_only_at_the_batch_hooks_they_implement(tmp_path):
         logger=False,
         enable_progress_bar=False,
         use_distributed_sampler=False,
-        callbacks=[RunGuard(), counter, checkpoint],
+        callbacks=[RunGuard(), counter, by_epoch, by_steps, saves_nothing],
         default_root_dir=tmp_path,
     )
     trainer.fit(module, data)
     assert counter.calls == 7  # an implemented hook: called every step
-    assert counter.on_train_batch_end is None and checkpoint.on_after_backward is None  # inherited no-ops: skipped
-    assert callable(checkpoint.on_train_batch_end) and callable(counter.on_after_backward)
-    assert trainer.global_step == 7 and (tmp_path / "epoch=0-step=7.ckpt").is_file()  # ModelCheckpoint still saves
+    assert counter.on_train_batch_end is None and by_epoch.on_after_backward is None  # inherited no-ops: skipped
+    assert callable(counter.on_after_backward)
+    # ModelCheckpoint's batch hook only where a step or time trigger can save, its epoch hooks where anything can.
+    assert by_epoch.on_train_batch_end is None and callable(by_epoch.on_train_epoch_end)
+    assert callable(by_steps.on_train_batch_end)
+    assert saves_nothing.on_train_epoch_end is None and saves_nothing.on_validation_end is None
+    assert trainer.global_step == 7
+    assert sorted(path.name for path in (tmp_path / "epoch").iterdir()) == ["epoch=0-step=7.ckpt"]
+    assert {"epoch=0-step=3.ckpt", "epoch=0-step=6.ckpt"} <= {path.name for path in (tmp_path / "steps").iterdir()}
+    assert not (tmp_path / "none").exists()
