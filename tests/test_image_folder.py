@@ -15,7 +15,8 @@ from write_digit_images import write_digit_images  # noqa: E402
 
 from project.data import ImageFolderDataModule  # noqa: E402
 from project.data.image_folder import load_image  # noqa: E402
-from project.data.transforms import ImageToFloat  # noqa: E402
+from project.data.samplers import SeededSampler  # noqa: E402
+from project.data.transforms import ImageToFloat, augments  # noqa: E402
 
 IMAGE_FOLDER_CONFIG = str(REPO / "configs" / "image_folder.yaml")
 
@@ -91,6 +92,19 @@ def test_augmentation_is_seeded_per_sample_and_epoch(images):
     crops = [train[(index, again[index])][0] for index, _ in list(data.train_dataloader().sampler)[:8]]
     assert any(not torch.equal(a, b) for a, b in zip(first, crops, strict=True))  # another epoch, other crops
     assert data.input_shape == (1, 8, 8) and first[0].shape == (1, 8, 8)
+
+
+def test_only_augmenting_transforms_give_training_samples_seeds(images):
+    from torchvision.transforms import v2
+
+    plain = ImageFolderDataModule(root=str(images), grayscale=True)  # presets without augmentation: nothing draws
+    plain.setup("fit")
+    assert not plain.augmented and not isinstance(plain.train_dataloader().sampler, SeededSampler)
+    index = next(iter(plain.train_dataloader().sampler))
+    assert torch.equal(plain.splits["train"][index][0], ImageToFloat()(plain.folders["train"][index][0]))
+    assert ImageFolderDataModule(root=str(images), grayscale=True, horizontal_flip=True).augmented
+    assert augments([v2.ToImage()], [v2.ToImage()])  # transforms of the user's own: counted as random, seeded
+    assert not augments(None, [v2.ToImage()])
 
 
 def test_the_presets_tensor_step_gives_torchvisions_numbers(images):

@@ -21,7 +21,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from project.data.loaders import TensorBatchLoader
 from project.data.samplers import ExactDistributedSampler, SeededSampler
-from project.data.transforms import Transformed, compose
+from project.data.transforms import Transformed, augments, compose
 
 SPLITS = ("train", "val", "test")
 
@@ -88,6 +88,7 @@ class BaseDataModule(LightningDataModule):
         self.save_hyperparameters(ignore=ignored)
         self.transforms = {"train": compose(train_transforms), "val": compose(eval_transforms)}
         self.transforms["test"] = self.transforms["val"]
+        self.augmented = augments(train_transforms, eval_transforms)  # training samples then carry seeds
         self.splits: dict[str, Dataset] = {}
 
     def datasets(self) -> dict[str, Dataset]:
@@ -125,7 +126,7 @@ class BaseDataModule(LightningDataModule):
         dataset = self.splits["train"]
         num_replicas, rank = self._ranks()
         sampler = DistributedSampler(dataset, num_replicas, rank, shuffle=self.hparams.shuffle, seed=self.hparams.seed)
-        if isinstance(dataset, Transformed):
+        if isinstance(dataset, Transformed) and self.augmented:
             sampler = SeededSampler(sampler, self.hparams.seed)
         # A resumed run: Lightning 2.6 starts the epoch's iterator (a StatefulDataLoader reads its sampler then)
         # before its set_epoch call, so the sampler must already be at the resumed epoch.

@@ -17,9 +17,12 @@ class ImageShards(StreamingDataset):
     mid-epoch resume (LitData restores its position, not its workers' random generators).
     """
 
-    def __init__(self, input_dir: str, image_transform: Callable | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, input_dir: str, image_transform: Callable | None = None, seeded: bool = True, **kwargs: Any
+    ) -> None:
         super().__init__(input_dir, **kwargs)
         self.image_transform = image_transform
+        self.seeded = seeded  # False: the transform draws no random numbers (no augmentation), so it runs as is
 
     def __getitem__(self, index: Any) -> tuple[Any, int]:
         item = super().__getitem__(index)
@@ -29,9 +32,11 @@ class ImageShards(StreamingDataset):
                 f" ({type(item).__name__}); expected dicts with keys image and label, as scripts/make_shards.py writes"
             )
         image = item["image"]
-        if self.image_transform is not None:
+        if self.image_transform is not None and self.seeded:
             number = index if isinstance(index, int) else index.index
             image = seeded(self.image_transform, image, sample_seed(self.seed, self.current_epoch, number))
+        elif self.image_transform is not None:
+            image = self.image_transform(image)
         return image, item["label"]
 
 

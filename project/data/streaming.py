@@ -83,14 +83,15 @@ class StreamingDataModule(BaseDataModule):
         from project.data.shards import Indexed
 
         for name in ("val", "test"):
-            self.splits[name] = Indexed(self.shards(name, self.transforms[name]), counts[name])
+            self.splits[name] = Indexed(self.shards(name, self.transforms[name], seeded=False), counts[name])
 
     def train_dataloader(self) -> Any:
         from litdata import StreamingDataLoader
 
         shuffle, seed = self.hparams.shuffle, self.hparams.seed
         drop_last = self.hparams.drop_last or None  # None: LitData's default, True with several ranks
-        shards = self.shards("train", self.transforms["train"], shuffle=shuffle, seed=seed, drop_last=drop_last)
+        options = {"shuffle": shuffle, "seed": seed, "drop_last": drop_last, "seeded": self.augmented}
+        shards = self.shards("train", self.transforms["train"], **options)
         workers = self.hparams.num_workers
         return StreamingDataLoader(
             shards,
