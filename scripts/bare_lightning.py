@@ -10,11 +10,12 @@ model summary; the same network, data module (loader and sampler), batch, steps,
 """
 
 import argparse
+from typing import Any
 
 import torch
 from benchmark import StepTimer
-from lightning.pytorch import LightningModule, Trainer, seed_everything
-from plain_ddp import build
+from lightning.pytorch import LightningDataModule, LightningModule, Trainer, seed_everything
+from plain_ddp import FILE_PIPELINES, build, file_loader
 from plain_ddp import parse_args as plain_args
 from torch import Tensor, nn
 
@@ -33,6 +34,18 @@ class BareModule(LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-4)
 
 
+class FileData(LightningDataModule):
+    """plain_ddp.py's loader over files (image folder or shards) for this rank; Lightning calls its sampler's
+    ``set_epoch``, which plain_ddp.py calls by hand."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        super().__init__()
+        self.args = args
+
+    def train_dataloader(self) -> Any:
+        return file_loader(self.args, self.trainer.world_size, self.trainer.global_rank)[0]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--nprocs", type=int, default=1)
@@ -40,6 +53,8 @@ def main() -> None:
     args = plain_args(rest)
     seed_everything(args.seed, verbose=False)
     data, network = build(args)
+    if args.pipeline in FILE_PIPELINES:
+        data = FileData(args)
     trainer = Trainer(
         accelerator="gpu" if args.device == "cuda" else "cpu",
         devices=nprocs.nprocs,

@@ -256,8 +256,7 @@ def run_side(side: str, config: Config, workdir: Path, threads: int | None) -> d
 
 def bench(config: Config, repeats: int, threads: int | None) -> dict[str, Any]:
     """Alternates the sides' runs (so drifting machine load hits all of them) and takes medians."""
-    # The bare Lightning side builds its data like the in-memory rows: it has no file pipelines.
-    sides = [side for side in SIDES if side != "bare" or config.pipeline not in FILE_PIPELINES]
+    sides = SIDES
     runs: dict[str, list[dict]] = {side: [] for side in sides}
     for _ in range(repeats):
         for side in sides:
