@@ -256,31 +256,29 @@ def run_side(side: str, config: Config, workdir: Path, threads: int | None) -> d
 
 def bench(config: Config, repeats: int, threads: int | None) -> dict[str, Any]:
     """Alternates the sides' runs (so drifting machine load hits all of them) and takes medians."""
-    sides = SIDES
-    runs: dict[str, list[dict]] = {side: [] for side in sides}
+    runs: dict[str, list[dict]] = {side: [] for side in SIDES}
     for _ in range(repeats):
-        for side in sides:
+        for side in SIDES:
             with tempfile.TemporaryDirectory() as workdir:
                 runs[side].append(run_side(side, config, Path(workdir), threads))
     medians = {
         side: {k: statistics.median(run[k] for run in runs[side]) for k in runs[side][0] if k != "init_digest"}
-        for side in sides
+        for side in SIDES
     }
     loss_diff = max(
         abs(run["loss"] - plain["loss"]) / max(abs(run["loss"]), abs(plain["loss"]), 1e-12)
-        for side in sides
+        for side in SIDES
         for run, plain in zip(runs[side], runs["plain"], strict=True)
     )
-    same_init = len({run["init_digest"] for side in sides for run in runs[side]}) == 1
+    same_init = len({run["init_digest"] for side in SIDES for run in runs[side]}) == 1
     template_steps_per_s = medians["template"]["steps_per_s"]
-    bare_steps_per_s = medians["bare"]["steps_per_s"] if "bare" in medians else None
     return {
         "name": config.name,
         **asdict(config),
         **medians,
         "runs": runs,
         "ratio_steps_per_s": template_steps_per_s / medians["plain"]["steps_per_s"],
-        "ratio_to_bare_steps_per_s": template_steps_per_s / bare_steps_per_s if bare_steps_per_s else None,
+        "ratio_to_bare_steps_per_s": template_steps_per_s / medians["bare"]["steps_per_s"],
         "loss_rel_diff": loss_diff,
         "same_init": same_init,
         "match": same_init and loss_diff <= LOSS_RTOL,
@@ -315,13 +313,12 @@ COLUMNS = (  # header, key, width, format
 def table(results: dict[str, dict]) -> str:
     lines = [f"{'config':<24}{'side':<10}" + "".join(f"{head:>{width}}" for head, _, width, _ in COLUMNS)]
     for name, result in results.items():
-        for side in (side for side in SIDES if side in result):
+        for side in SIDES:
             row = f"{name if side == 'plain' else '':<24}{side:<10}"
             row += "".join(f"{result[side][key]:>{width}{fmt}}" for _, key, width, fmt in COLUMNS)
             if side == "template":
                 verdict = "ok" if result["match"] else "MISMATCH" + ("" if result["same_init"] else " (init)")
-                bare = result["ratio_to_bare_steps_per_s"]
-                row += f"  x{result['ratio_steps_per_s']:.2f} plain" + (f", x{bare:.2f} bare" if bare else "")
+                row += f"  x{result['ratio_steps_per_s']:.2f} plain, x{result['ratio_to_bare_steps_per_s']:.2f} bare"
                 row += f" steps/s, loss diff {result['loss_rel_diff']:.1e} {verdict}"
             lines.append(row)
     return "\n".join(lines)
@@ -356,10 +353,9 @@ def main() -> int:
     for config in configs:
         if not args.only or config.name in args.only:
             results[config.name] = bench(config, args.repeats, args.threads)
-            result, bare = results[config.name], results[config.name]["ratio_to_bare_steps_per_s"]
-            versus_bare = f", x{bare:.2f} bare" if bare else ""  # the file pipelines have no bare side
-            ratio = result["ratio_steps_per_s"]
-            print(f"done {config.name}: template steps/s x{ratio:.2f} plain{versus_bare}", flush=True)
+            result = results[config.name]
+            ratios = f"x{result['ratio_steps_per_s']:.2f} plain, x{result['ratio_to_bare_steps_per_s']:.2f} bare"
+            print(f"done {config.name}: template steps/s {ratios}", flush=True)
     found = comparisons(results)
     print(table(results))
     print("\n".join(f"{key}: {value:.2f}" for key, value in found.items()))

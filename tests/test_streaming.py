@@ -74,6 +74,17 @@ def test_the_script_writes_every_split_with_its_classes(shards):
     assert len(list((shards / "train").glob("chunk-*.bin"))) > 2  # several chunks to shard across ranks
 
 
+def test_only_augmenting_transforms_give_streamed_samples_seeds(shards):
+    plain = StreamingDataModule(root=str(shards))  # presets without augmentation: nothing draws, nothing seeded
+    plain.setup("fit")
+    train = plain.train_dataloader().dataset
+    assert not train.seeded and not plain.splits["test"].shards.seeded
+    raw = plain.shards("train")  # no transform: the stored image
+    assert torch.equal(train[5][0], plain.transforms["train"](raw[5][0])) and train[5][1] == raw[5][1]
+    augmented = StreamingDataModule(root=str(shards), image_size=8, crop_padding=1)
+    assert augmented.train_dataloader().dataset.seeded
+
+
 def test_a_two_process_fit_streams_every_step(uninterrupted):
     ckpt = torch.load(last_checkpoint(uninterrupted), weights_only=True)
     # With 2 ranks LitData drops what would make the ranks' step counts differ: 2 epochs of 629 // 64 = 9 steps.

@@ -32,11 +32,12 @@ class ImageShards(StreamingDataset):
                 f" ({type(item).__name__}); expected dicts with keys image and label, as scripts/make_shards.py writes"
             )
         image = item["image"]
-        if self.image_transform is not None and self.seeded:
-            number = index if isinstance(index, int) else index.index
-            image = seeded(self.image_transform, image, sample_seed(self.seed, self.current_epoch, number))
-        elif self.image_transform is not None:
-            image = self.image_transform(image)
+        if self.image_transform is None:
+            return image, item["label"]
+        if not self.seeded:
+            return self.image_transform(image), item["label"]
+        number = index if isinstance(index, int) else index.index
+        image = seeded(self.image_transform, image, sample_seed(self.seed, self.current_epoch, number))
         return image, item["label"]
 
 
