@@ -2,57 +2,20 @@
 
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.callbacks import BasePredictionWriter, ModelCheckpoint
+from lightning.pytorch.callbacks import BasePredictionWriter
 
 from project.checkpointing import gather_rng_states, restore_rng_states
 from project.faults import FailFast, NonFiniteLosses, report
+from project.overhead import skip_empty_batch_hooks, skip_idle_checkpoint_hooks
 from project.preemption import Preempted, PreemptionCheck
 from project.throughput import flops_per_sample, peak_flops
-
-# The hooks Lightning calls on every callback at every batch.
-BATCH_HOOKS = tuple(
-    f"{stage}_batch_{when}"
-    for stage in ("on_train", "on_validation", "on_test", "on_predict")
-    for when in ("start", "end")
-) + ("on_before_backward", "on_after_backward", "on_before_optimizer_step", "on_before_zero_grad")
-
-
-def skip_empty_batch_hooks(callbacks: Sequence[Callback]) -> None:
-    """Hides the batch hooks a callback inherits from ``Callback`` (no-ops) behind ``None`` on the instance.
-
-    Lightning calls every callback at each of about six hooks a training step, doing its work in each (the
-    callback's state key, which ModelCheckpoint rebuilds as a string, and a profiler context: about 4 us a call),
-    and skips an attribute that is not callable (``trainer/call.py``, ``_call_callback_hooks``). Each callback is
-    then called only where it does something.
-    """
-    for callback in callbacks:
-        for hook in BATCH_HOOKS:
-            if getattr(type(callback), hook) is getattr(Callback, hook):
-                setattr(callback, hook, None)
-
-
-def skip_idle_checkpoint_hooks(callbacks: Sequence[Callback]) -> None:
-    """Hides the ``ModelCheckpoint`` hooks that cannot save with its settings, the same way.
-
-    At every batch end it checks its step and time triggers (about 15 us with Lightning's call), and at every epoch end
-    it deep-copies the logged metrics as monitor candidates (about 0.4 ms) even when it saves nothing: the batch hook
-    goes without ``every_n_train_steps`` or ``train_time_interval``; the epoch hooks go with ``save_top_k: 0`` and
-    ``save_last: false`` (how the benchmark turns checkpoints off, as the CLI always adds the callback).
-    """
-    for callback in callbacks:
-        if not isinstance(callback, ModelCheckpoint):
-            continue
-        if callback._every_n_train_steps < 1 and callback._train_time_interval is None:
-            callback.on_train_batch_end = None
-        if callback.save_top_k == 0 and not callback.save_last:
-            callback.on_train_epoch_end = callback.on_validation_end = None
 
 
 class TestMetricsWriter(Callback):
@@ -134,7 +97,7 @@ class RunGuard(Callback):
         self._peak_flops: float | None = None
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        skip_empty_batch_hooks(trainer.callbacks)  # the final list: the model's own callbacks are in it by now
+        skip_empty_batch_hooks(trainer)  # the final callback list: the model's own callbacks are in it by now
         skip_idle_checkpoint_hooks(trainer.callbacks)
         if stage == "fit":
             self.preemption.install(trainer)
@@ -152,7 +115,7 @@ class RunGuard(Callback):
         self._samples += len(batch[-1])
         if self._flops_per_sample is None:
             self._measure_flops(trainer, pl_module, batch[0])
-        self.non_finite.record(outputs["loss"] if isinstance(outputs, Mapping) else outputs, trainer)
+        self.non_finite.record(outputs["loss"] if isinstance(outputs, dict) else outputs, trainer)
         if trainer.global_step % trainer.log_every_n_steps == 0:
             self._log_samples_per_second(trainer, pl_module)
         self.preemption.after_step(trainer)

@@ -19,6 +19,7 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.accelerators import CPUAccelerator, CUDAAccelerator
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, RichProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.profilers import PassThroughProfiler
 from lightning.pytorch.strategies import ParallelStrategy
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 from lightning.pytorch.utilities import rank_zero_only
@@ -31,6 +32,7 @@ from project.data import BaseDataModule
 from project.faults import report
 from project.launcher import ForkLauncher
 from project.module import ClassificationModule
+from project.overhead import NoProfiler
 
 # Names Trainer.fit/test/... resolve themselves instead of reading a file ("last", "best", "auto": see runs.py).
 LIGHTNING_CKPT_ALIASES = ("hpc", "registry")
@@ -145,7 +147,8 @@ class ProjectCLI(LightningCLI):
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         """Adds what every run needs, whatever the config's callbacks: local CPU ranks forked from this process once it
-        has built everything (launcher.py), crash-safe checkpoints, a progress bar that redraws twice a second
+        has built everything (launcher.py), crash-safe checkpoints, no per-hook profiler context without a profiler
+        (overhead.py), a progress bar that redraws twice a second
         (unless the config gives its own), ``RunGuard`` (the ``guard`` key) and, for fit with a logger, a
         learning-rate monitor (Lightning's raises without one); test and predict write their files.
         """
@@ -155,6 +158,8 @@ class ProjectCLI(LightningCLI):
             trainer.strategy._launcher = ForkLauncher(
                 launcher.cluster_environment, launcher.num_processes, launcher.num_nodes
             )
+        if type(trainer.profiler) is PassThroughProfiler:  # no profiler in the config
+            trainer.profiler = NoProfiler()
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # the default: not one chosen in the config
             trainer.strategy.checkpoint_io = AtomicCheckpointIO()
         bar = trainer.progress_bar_callback

@@ -58,6 +58,8 @@ class ClassificationModule(LightningModule):
         # end one all-reduce of the counts gives the exact accuracy over every rank's samples.
         self.train_counts: dict[str, Any] = {"correct": 0, "seen": 0}  # a dict: no nn.Module attribute per step
         self.train_outputs: list[tuple[Tensor, Tensor]] = []
+        # Whether anything reads train_loss and train_acc (see _is_read): asked once per fit, at its start.
+        self.log_train_loss = self.count_train_acc = True
         # average="micro" is plain accuracy; torchmetrics' default ("macro") is per-class mean.
         self.val_acc = MulticlassAccuracy(num_classes, average="micro")
         self.test_acc = MulticlassAccuracy(num_classes, average="micro")
@@ -78,23 +80,27 @@ class ClassificationModule(LightningModule):
             x = x.contiguous(memory_format=torch.channels_last)
         return self.network(x)
 
+    def on_train_start(self) -> None:
+        self.log_train_loss, self.count_train_acc = self._is_read("train_loss"), self._is_read("train_acc")
+        self.train_outputs.clear()  # a resumed epoch counts from here (the counts are not in checkpoints)
+        self.train_counts.update(correct=0, seen=0)
+
     def training_step(self, batch: list[Tensor], batch_idx: int) -> Tensor:
         x, y = batch
         logits = self(x)
         loss = self.loss_fn(logits, y)
-        self.train_outputs.append((logits.detach(), y))
-        if len(self.train_outputs) == TRAIN_ACC_WINDOW:
-            self.count_train_outputs()
-        if self._is_logging_step():
+        if self.count_train_acc:
+            self.train_outputs.append((logits.detach(), y))
+            if len(self.train_outputs) == TRAIN_ACC_WINDOW:
+                self.count_train_outputs()
+        if self.log_train_loss and self._is_logging_step():
             self.log("train_loss", loss, prog_bar=True)
         return loss
 
     def _is_logging_step(self) -> bool:
-        """Only the steps the logger writes, when anything reads train_loss."""
+        """Only the steps the logger writes."""
         trainer = self._trainer  # None when the module is used on its own
-        if trainer is None:
-            return True
-        return (trainer.global_step + 1) % trainer.log_every_n_steps == 0 and self._is_read("train_loss")
+        return trainer is None or (trainer.global_step + 1) % trainer.log_every_n_steps == 0
 
     def _is_read(self, name: str) -> bool:
         """A self.log call costs about a millisecond: log NAME only when a logger, the progress bar or a callback's
@@ -122,9 +128,7 @@ class ClassificationModule(LightningModule):
 
     # Metric objects are logged once per epoch, not per step: each log call moves the metric's states.
     def on_train_epoch_end(self) -> None:
-        if not self._is_read("train_acc"):
-            self.train_outputs.clear()
-            self.train_counts.update(correct=0, seen=0)
+        if not self.count_train_acc:
             return
         accuracy = self.train_accuracy()
         if accuracy is not None:
