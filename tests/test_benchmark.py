@@ -1,10 +1,11 @@
 """scripts/benchmark.py runs its three sides for real, training the same model: a smoke run, never a timing test."""
 
 import json
+import subprocess
 import sys
 
 import pytest
-from conftest import REPO
+from conftest import REPO, project_env
 
 CONFIG = "cpu-in-memory-1p"  # one rank: three fresh interpreters, not five (tests/test_gradient_sync.py: 2 ranks)
 
@@ -30,3 +31,20 @@ def test_quick_benchmark_trains_the_same_model_on_every_side(tmp_path, monkeypat
     assert bench["match"]
     printed = capsys.readouterr().out
     assert CONFIG in printed and "ok" in printed
+
+
+def test_data_benchmark_loads_the_same_images_through_both_data_paths():
+    """scripts/benchmark_data.py: the template's loader and the hand-written one, one row, a few batches a side."""
+    command = [sys.executable, "scripts/benchmark_data.py", "--only", "image-folder-1p-0w", "--batches", "3"]
+    result = subprocess.run(
+        [*command, "--repeats", "1"],
+        cwd=REPO,
+        env=project_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    row = next(line for line in result.stdout.splitlines() if line.startswith("image-folder-1p-0w"))
+    plain, template, ratio = map(float, row.split()[1:])
+    assert plain > 0 and template > 0 and ratio == pytest.approx(template / plain, abs=0.01)
