@@ -53,5 +53,18 @@ def test_any_dataset_splits_off_only_the_missing_splits_and_keeps_the_given_ones
 def test_the_dataloader_path_yields_the_fast_paths_batches():
     fast, loader = _setup(batch_size=100), _setup(batch_size=100, in_memory=False, num_workers=1)
     assert type(loader.test_dataloader()).__name__ == "StatefulDataLoader"
+    assert loader.train_dataloader().snapshot_every_n_steps == 64  # workers report their position every 64 batches
     for a, b in zip(fast.train_dataloader(), loader.train_dataloader(), strict=True):
         assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        ({"prefetch_factor": 2}, "prefetch_factor must be >= 1 and needs num_workers > 0; got 2"),
+        ({"snapshot_every_n_steps": 0}, "snapshot_every_n_steps must be >= 1, got 0"),
+    ],
+)
+def test_loader_options_out_of_range_are_refused(option, message):
+    with pytest.raises(ValueError, match=message):
+        DigitsDataModule(**option)

@@ -1,12 +1,20 @@
-"""What the template's callbacks cost per step: Lightning calls a callback only at the batch hooks it implements."""
+"""What Lightning's calls cost per step: hooks inherited as no-ops are skipped, and no profiler means no context."""
 
+import sys
+
+import pytest
+import torch
+from conftest import DIGITS_CONFIG
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.profilers import SimpleProfiler
 
 from project.callbacks import RunGuard
-from project.data import DigitsDataModule
+from project.cli import ProjectCLI
+from project.data import DigitsDataModule, InMemoryDataModule
 from project.module import ClassificationModule
 from project.networks import MLP
+from project.overhead import NoProfiler
 
 
 class CountsBackward(Callback):
@@ -38,6 +46,14 @@ def test_callbacks_are_called_only_at_the_batch_hooks_they_implement_and_checkpo
     assert counter.calls == 7  # an implemented hook: called every step
     assert counter.on_train_batch_end is None and by_epoch.on_after_backward is None  # inherited no-ops: skipped
     assert callable(counter.on_after_backward)
+    # The module's training-step no-ops too; its evaluation hooks stay, as Lightning reads their signatures.
+    assert module.on_before_backward is None and module.on_train_batch_end is None
+    assert callable(module.on_validation_batch_start)
+    evaluator = Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, use_distributed_sampler=False)
+    [metrics] = evaluator.validate(module, data, verbose=False)
+    images, labels = data.splits["val"].tensors
+    with torch.no_grad():
+        assert metrics["val_acc"] == pytest.approx((module(images).argmax(dim=1) == labels).float().mean().item())
     # ModelCheckpoint's batch hook only where a step or time trigger can save, its epoch hooks where anything can.
     assert by_epoch.on_train_batch_end is None and callable(by_epoch.on_train_epoch_end)
     assert callable(by_steps.on_train_batch_end)
@@ -46,3 +62,19 @@ def test_callbacks_are_called_only_at_the_batch_hooks_they_implement_and_checkpo
     assert sorted(path.name for path in (tmp_path / "epoch").iterdir()) == ["epoch=0-step=7.ckpt"]
     assert {"epoch=0-step=3.ckpt", "epoch=0-step=6.ckpt"} <= {path.name for path in (tmp_path / "steps").iterdir()}
     assert not (tmp_path / "none").exists()
+    # Nothing reads the training accuracy (no logger, no bar, no monitor): no logits were kept for it.
+    assert not module.count_train_acc and not module.train_outputs and "train_acc" not in trainer.callback_metrics
+
+
+def test_without_a_profiler_in_the_config_each_hook_gets_one_shared_empty_context(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "argv", sys.argv[:1])  # pytest's own arguments are not the CLI's
+    args = ["--config", str(DIGITS_CONFIG), "--trainer.default_root_dir", str(tmp_path)]
+    cli = ProjectCLI(ClassificationModule, InMemoryDataModule, subclass_mode_data=True, run=False, args=args)
+    profiler = cli.trainer.profiler
+    assert type(profiler) is NoProfiler
+    with profiler.profile("[Callback]RunGuard.on_train_batch_end") as outer, profiler.profile("nested") as inner:
+        assert outer is inner is None
+    assert profiler.profile("a") is profiler.profile("b")
+    args += ["--trainer.profiler", "simple"]
+    cli = ProjectCLI(ClassificationModule, InMemoryDataModule, subclass_mode_data=True, run=False, args=args)
+    assert type(cli.trainer.profiler) is SimpleProfiler  # a profiler of the config's own is kept
