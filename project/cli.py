@@ -148,9 +148,9 @@ class ProjectCLI(LightningCLI):
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         """Adds what every run needs, whatever the config's callbacks: local CPU ranks forked from this process once it
         has built everything (launcher.py), crash-safe checkpoints, no per-hook profiler context without a profiler
-        (overhead.py), a progress bar that redraws twice a second
-        (unless the config gives its own), ``RunGuard`` (the ``guard`` key) and, for fit with a logger, a
-        learning-rate monitor (Lightning's raises without one); test and predict write their files.
+        (overhead.py), a progress bar that redraws twice a second (unless the config gives its own), ``RunGuard``
+        (the ``guard`` key) and, for fit with a logger, a learning-rate monitor (Lightning's raises without one); test
+        and predict write their files.
         """
         trainer = super().instantiate_trainer(**kwargs)
         launcher = trainer.strategy.launcher

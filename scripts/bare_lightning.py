@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 from benchmark import StepTimer
-from lightning.pytorch import LightningDataModule, LightningModule, Trainer, seed_everything
+from lightning.pytorch import Callback, LightningDataModule, LightningModule, Trainer, seed_everything
 from plain_ddp import FILE_PIPELINES, build, file_loader
 from plain_ddp import parse_args as plain_args
 from torch import Tensor, nn
@@ -46,19 +46,16 @@ class FileData(LightningDataModule):
         return file_loader(self.args, self.trainer.world_size, self.trainer.global_rank)[0]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--nprocs", type=int, default=1)
-    nprocs, rest = parser.parse_known_args()
-    args = plain_args(rest)
+def fit(args: argparse.Namespace, nprocs: int, callbacks: list[Callback]) -> Trainer:
+    """Trains plain_ddp.py's network on its data (ARGS: its command line) with a bare Trainer."""
     seed_everything(args.seed, verbose=False)
     data, network = build(args)
     if args.pipeline in FILE_PIPELINES:
         data = FileData(args)
     trainer = Trainer(
         accelerator="gpu" if args.device == "cuda" else "cpu",
-        devices=nprocs.nprocs,
-        strategy="ddp" if nprocs.nprocs > 1 else "auto",
+        devices=nprocs,
+        strategy="ddp" if nprocs > 1 else "auto",
         max_steps=args.steps,
         max_epochs=-1,
         limit_val_batches=0,
@@ -67,9 +64,18 @@ def main() -> None:
         enable_checkpointing=False,
         enable_model_summary=False,
         use_distributed_sampler=False,  # the data module's DistributedSampler, as on the other sides
-        callbacks=[StepTimer(args.output_dir)],
+        callbacks=callbacks,
     )
     trainer.fit(BareModule(network), datamodule=data)
+    return trainer
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--nprocs", type=int, default=1)
+    nprocs, rest = parser.parse_known_args()
+    args = plain_args(rest)
+    fit(args, nprocs.nprocs, [StepTimer(args.output_dir)])
 
 
 if __name__ == "__main__":

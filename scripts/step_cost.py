@@ -1,0 +1,102 @@
+"""What a training step costs in Lightning and what the template adds to it, told apart in one process.
+
+    python scripts/step_cost.py --steps 1100 --repeats 7
+
+Alternately, in this one process and on one thread, on the digits MLP with in-memory batches (scripts/benchmark.py's
+``cpu-in-memory-1p`` row): ``bare``, the bare Lightning Trainer (scripts/bare_lightning.py); ``bare+cuts``, the same
+with the template's cuts of Lightning's own call overhead (project/overhead.py: no-op hooks skipped, no profiler
+context per call); and ``template``, the Trainer, module, data and callbacks ``python -m project fit`` builds (its
+CLI, with the benchmark's flags). Each side's figure is the median time between two steps' starts after 100 warm-up
+steps (a median, so a shared machine's one-off stalls do not count), and the sides' medians over ``--repeats``.
+``template`` minus ``bare+cuts`` is what the template's own work costs a step.
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bare_lightning import fit as bare_fit
+from benchmark import REPO, Config, free_port, launches
+from lightning.pytorch import Callback, LightningModule, Trainer
+from plain_ddp import parse_args as plain_args
+
+from project.cli import ProjectCLI
+from project.data import BaseDataModule
+from project.module import ClassificationModule
+from project.overhead import NoProfiler, skip_empty_batch_hooks
+
+WARM_UP_STEPS = 100
+SIDES = ("bare", "bare+cuts", "template")
+
+
+class StepStarts(Callback):
+    """The median time between two steps' starts, after the warm-up; with ``cuts``, the template's overhead cuts."""
+
+    def __init__(self, cuts: bool = False) -> None:
+        self.cuts = cuts
+        self.starts: list[float] = []
+        self.median_s = 0.0
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if self.cuts:
+            trainer.profiler = NoProfiler()
+            skip_empty_batch_hooks(trainer)
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: object, batch_idx: int) -> None:
+        if trainer.global_step >= WARM_UP_STEPS:
+            self.starts.append(time.perf_counter())
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.median_s = statistics.median(b - a for a, b in zip(self.starts, self.starts[1:], strict=False))
+
+
+def run(side: str, steps: int, workdir: Path) -> float:
+    """One fit of SIDE; its median step in seconds."""
+    timer = StepStarts(cuts=side == "bare+cuts")
+    if side == "template":
+        ((command, _),) = launches("template", Config("cpu", "in-memory", 1, 64, steps), workdir)
+        args = [arg for arg in command[4:] if not arg.startswith("--trainer.callbacks")]  # after "-m project fit"
+        cli = ProjectCLI(
+            ClassificationModule,
+            BaseDataModule,
+            subclass_mode_data=True,
+            run=False,
+            args=args,
+            trainer_defaults={"use_distributed_sampler": False},
+            save_config_callback=None,
+        )
+        cli.trainer.callbacks.append(timer)
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    else:
+        bare_fit(plain_args(["--steps", str(steps), "--pipeline", "in-memory"]), 1, [timer])
+    return timer.median_s
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=1100, help="steps per fit, the warm-up's 100 included")
+    parser.add_argument("--repeats", type=int, default=7, help="fits per side (medians)")
+    args = parser.parse_args()
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))  # the template's group of one
+    sys.argv = sys.argv[:1]  # the CLI reads its arguments from run(), not from this command line
+    os.chdir(REPO)  # the benchmark's flags name configs/ relative to it
+    runs: dict[str, list[float]] = {side: [] for side in SIDES}
+    with tempfile.TemporaryDirectory() as workdir:
+        for repeat in range(args.repeats):
+            for side in SIDES:
+                runs[side].append(run(side, args.steps, Path(workdir) / f"{side}-{repeat}"))
+    medians = {side: statistics.median(runs[side]) * 1e6 for side in SIDES}
+    for side in SIDES:
+        singles = ", ".join(f"{seconds * 1e6:.0f}" for seconds in runs[side])
+        ratio = medians["bare"] / medians[side]
+        print(f"{side:<10} {medians[side]:7.1f} us/step  x{ratio:.3f} bare steps/s  (runs: {singles})")
+    print(f"Lightning's call overhead cut by the template: {medians['bare'] - medians['bare+cuts']:.1f} us/step")
+    print(f"the template's own work: {medians['template'] - medians['bare+cuts']:.1f} us/step")
+
+
+if __name__ == "__main__":
+    main()
