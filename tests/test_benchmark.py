@@ -36,14 +36,8 @@ def test_quick_benchmark_trains_the_same_model_on_every_side(tmp_path, monkeypat
 def test_data_benchmark_loads_the_same_images_through_both_data_paths():
     """scripts/benchmark_data.py: the template's loader and the hand-written one, one row, a few batches a side."""
     command = [sys.executable, "scripts/benchmark_data.py", "--only", "image-folder-1p-0w", "--batches", "3"]
-    result = subprocess.run(
-        [*command, "--repeats", "1"],
-        cwd=REPO,
-        env=project_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    command += ["--repeats", "1"]
+    result = subprocess.run(command, cwd=REPO, env=project_env(), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     row = next(line for line in result.stdout.splitlines() if line.startswith("image-folder-1p-0w"))
     plain, template, ratio = map(float, row.split()[1:])
