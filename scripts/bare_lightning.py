@@ -13,6 +13,7 @@ import argparse
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from benchmark import StepTimer
 from lightning.pytorch import Callback, LightningDataModule, LightningModule, Trainer, seed_everything
 from plain_ddp import FILE_PIPELINES, build, file_loader
@@ -76,6 +77,10 @@ def main() -> None:
     nprocs, rest = parser.parse_known_args()
     args = plain_args(rest)
     fit(args, nprocs.nprocs, [StepTimer(args.output_dir)])
+    # Lightning destroys only an NCCL group; left to the interpreter's exit, gloo's threads can abort it (SIGABRT,
+    # seen on a 2-process streaming run), as project/cli.py notes.
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
