@@ -198,21 +198,28 @@ def main(args: list[str] | None = None) -> None:
 
         sys.exit(sweep.main(argv[1:]))
     try:
-        ProjectCLI(
-            ClassificationModule,
-            BaseDataModule,
-            subclass_mode_data=True,
-            trainer_defaults={"use_distributed_sampler": False},
-            save_config_callback=runs.RunRecord,
-            save_config_kwargs={"overwrite": False},
-            parser_kwargs={"prog": program_name()},
-            args=args,
-        )
+        build_cli(args)
     finally:
         # torch asks every process to destroy its group before exiting; Lightning does so only for NCCL. Left to the
         # interpreter's exit, gloo's threads can abort it (pytorch/pytorch#190489).
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def build_cli(args: list[str] | None = None, run: bool = True) -> ProjectCLI:
+    """The CLI ``python -m project`` runs (ARGS: its command line); ``run=False`` builds the Trainer, model and data
+    without running a subcommand (scripts/step_cost.py times the template's fit this way)."""
+    return ProjectCLI(
+        ClassificationModule,
+        BaseDataModule,
+        subclass_mode_data=True,
+        trainer_defaults={"use_distributed_sampler": False},
+        save_config_callback=runs.RunRecord,
+        save_config_kwargs={"overwrite": False},
+        parser_kwargs={"prog": program_name()},
+        args=args,
+        run=run,
+    )
 
 
 def program_name() -> str:

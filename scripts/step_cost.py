@@ -24,9 +24,7 @@ from benchmark import REPO, Config, free_port, launches
 from lightning.pytorch import Callback, LightningModule, Trainer
 from plain_ddp import parse_args as plain_args
 
-from project.cli import ProjectCLI
-from project.data import BaseDataModule
-from project.module import ClassificationModule
+from project.cli import build_cli
 from project.overhead import NoProfiler, skip_empty_batch_hooks
 
 WARM_UP_STEPS = 100
@@ -60,15 +58,7 @@ def run(side: str, steps: int, workdir: Path) -> float:
     if side == "template":
         ((command, _),) = launches("template", Config("cpu", "in-memory", 1, 64, steps), workdir)
         args = [arg for arg in command[4:] if not arg.startswith("--trainer.callbacks")]  # after "-m project fit"
-        cli = ProjectCLI(
-            ClassificationModule,
-            BaseDataModule,
-            subclass_mode_data=True,
-            run=False,
-            args=args,
-            trainer_defaults={"use_distributed_sampler": False},
-            save_config_callback=None,
-        )
+        cli = build_cli(args, run=False)
         cli.trainer.callbacks.append(timer)
         cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     else:
