@@ -207,8 +207,10 @@ def main(args: list[str] | None = None) -> None:
 
 
 def build_cli(args: list[str] | None = None, run: bool = True) -> ProjectCLI:
-    """The CLI ``python -m project`` runs (ARGS: its command line); ``run=False`` builds the Trainer, model and data
-    without running a subcommand (scripts/step_cost.py times the template's fit this way)."""
+    """The CLI that ``python -m project`` runs, with ARGS as its command line.
+
+    ``run=False`` builds the Trainer, model and data without running a subcommand (scripts/step_cost.py).
+    """
     return ProjectCLI(
         ClassificationModule,
         BaseDataModule,
