@@ -39,6 +39,7 @@ REFERENCE_PATTERNS = (
     r"(?m)^{name}(?=\s*=\s*[\"']{name}[.:])",  # the console script: project = "project.cli:main"
     r"(?<==){name}(?![\w-])",  # option values: --job-name=project
     r"(?<=/){name}(?=:[\w.-])",  # container images: registry.example.com/project:latest
+    r"(?<=:::){name}(?![\w-])",  # warning filters by module: error:::project
 )
 
 

@@ -25,7 +25,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from plain_ddp import parse_args as plain_args
 
 from project.cli import build_cli
-from project.overhead import NoProfiler, skip_empty_batch_hooks
+from project.runtime.lightning_internals import NoProfiler, skip_noop_hooks
 
 WARM_UP_STEPS = 100
 SIDES = ("bare", "bare+cuts", "template")
@@ -42,7 +42,7 @@ class StepStarts(Callback):
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if self.cuts:
             trainer.profiler = NoProfiler()
-            skip_empty_batch_hooks(trainer)
+            skip_noop_hooks(trainer)
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: object, batch_idx: int) -> None:
         if trainer.global_step >= WARM_UP_STEPS:

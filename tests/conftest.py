@@ -17,6 +17,10 @@ import torch
 import torch.distributed as dist
 from warm_start import WarmRun, WarmServer
 
+from project.runtime.lightning_internals import silence_known_noise
+
+silence_known_noise()  # as every command does (project/__main__.py)
+
 # In-process runs share the 2 cores with the other worker's runs: OpenMP threads that wait for a busy core cost
 # far more than they gain (a CNN test took 8x as long with 2 threads under load).
 torch.set_num_threads(1)
@@ -125,7 +129,7 @@ def close_warm_server():
 def run_in_process(*args: str) -> str:
     """`python -m project ARGS` in this process, what it printed (one rank only: Lightning would launch others by
     rerunning pytest). Saves a run's start-up (imports, about 8 s): for single-process runs."""
-    from project.cli import main
+    from project.__main__ import main
 
     output, saved_env, saved_argv = io.StringIO(), dict(os.environ), sys.argv
     sys.argv = ["project"]  # LightningCLI warns when sys.argv (pytest's) and args are both given

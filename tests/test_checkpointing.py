@@ -10,18 +10,18 @@ import torch
 from conftest import finish, start_python
 from torch.utils.data import SequentialSampler
 
-from project.checkpointing import (
+from project.data.loaders import TensorBatchLoader
+from project.runs.checkpointing import (
     AtomicCheckpointIO,
     CheckpointError,
     load_checkpoint_file,
     rng_states,
     set_rng_states,
 )
-from project.data.loaders import TensorBatchLoader
 
 SAVER = """
 import sys, torch
-from project.checkpointing import AtomicCheckpointIO
+from project.runs.checkpointing import AtomicCheckpointIO
 io, weights = AtomicCheckpointIO(), torch.arange(8_000_000, dtype=torch.float32)  # 32 MB per save
 start = int(sys.argv[2])
 for i in range(start, start + 1000):

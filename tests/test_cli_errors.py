@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 from conftest import DIGITS_CONFIG, REPO, quick_args
 
-from project.cli import main
+from project.__main__ import main
 
 
 @pytest.fixture(autouse=True)

@@ -15,7 +15,7 @@ def test_gpu_overlay_selects_nccl_ddp_on_all_gpus():
     config = _print_config(DIGITS_CONFIG, REPO / "configs" / "gpu.yaml")
     trainer = config["trainer"]
     assert trainer["accelerator"] == "gpu" and trainer["devices"] == -1
-    assert trainer["strategy"]["class_path"] == "project.strategy.DDPStrategy"
+    assert trainer["strategy"]["class_path"] == "project.runtime.strategy.DDPStrategy"
     assert trainer["strategy"]["init_args"]["process_group_backend"] == "nccl"
     # The base config's model and data are kept.
     assert config["model"]["network"]["class_path"] == "project.networks.MLP"

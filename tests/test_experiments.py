@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import REPO, checkpoint_dir, quick_args, run_folder, run_in_process, run_project
 
-from project.faults import wait_until
+from project.runtime.faults import wait_until
 
 CONFIGS = REPO / "configs"
 

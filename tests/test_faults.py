@@ -15,10 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import REPO, free_port, last_checkpoint, processes_left, project_env, quick_args, run_project
-from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
 
-from project.callbacks import RunGuard
-from project.preemption import PREEMPTED_EXIT_CODE, check_lightning
+from project.runtime.preemption import PREEMPTED_EXIT_CODE
 
 TESTS = str(REPO / "tests")
 
@@ -147,13 +145,6 @@ def test_training_makes_no_per_step_collective(tmp_path):
         assert record["steps"] == 100
         assert record["counts"] == {"all_reduce": 2}  # at steps 50 and 100
         assert sum(record["counts"].values()) / record["steps"] <= 0.1
-
-
-def test_preemption_fails_at_start_up_when_lightning_lacks_what_it_replaces(monkeypatch):
-    check_lightning()  # the installed Lightning has both
-    monkeypatch.delattr(_TrainingEpochLoop, "_broadcast_sigterm_tensor")
-    with pytest.raises(RuntimeError, match=r"no _TrainingEpochLoop._broadcast_sigterm_tensor, which project/pre"):
-        RunGuard()
 
 
 def test_torchrun_restarts_a_killed_rank_and_the_run_resumes_itself_to_the_same_weights(uninterrupted, tmp_path):

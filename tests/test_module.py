@@ -18,8 +18,7 @@ def test_training_step_returns_cross_entropy_and_tracks_accuracy():
     logits = module(x)
     assert torch.allclose(loss, nn.functional.cross_entropy(logits, y))
     expected_accuracy = (logits.argmax(1) == y).float().mean()
-    assert torch.isclose(module.train_accuracy(), expected_accuracy)  # what on_train_epoch_end logs
-    assert module.train_accuracy() is None  # counting starts over: no sample seen since
+    assert torch.isclose(module.train_acc.compute(), expected_accuracy)  # what on_train_epoch_end logs
 
 
 def test_eval_metrics_are_exact_per_sample_means_over_uneven_batches():

@@ -9,12 +9,12 @@ from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.profilers import SimpleProfiler
 
-from project.callbacks import RunGuard
 from project.cli import ProjectCLI
 from project.data import DigitsDataModule, InMemoryDataModule
 from project.module import ClassificationModule
 from project.networks import MLP
-from project.overhead import NoProfiler
+from project.runtime.guard import RunGuard
+from project.runtime.lightning_internals import NoProfiler
 
 
 class CountsBackward(Callback):
@@ -62,8 +62,6 @@ def test_callbacks_are_called_only_at_the_batch_hooks_they_implement_and_checkpo
     assert sorted(path.name for path in (tmp_path / "epoch").iterdir()) == ["epoch=0-step=7.ckpt"]
     assert {"epoch=0-step=3.ckpt", "epoch=0-step=6.ckpt"} <= {path.name for path in (tmp_path / "steps").iterdir()}
     assert not (tmp_path / "none").exists()
-    # Nothing reads the training accuracy (no logger, no bar, no monitor): no logits were kept for it.
-    assert not module.count_train_acc and not module.train_outputs and "train_acc" not in trainer.callback_metrics
 
 
 def test_without_a_profiler_in_the_config_each_hook_gets_one_shared_empty_context(tmp_path, monkeypatch):

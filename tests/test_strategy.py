@@ -12,7 +12,7 @@ import torch.distributed as dist
 from conftest import last_checkpoint, quick_args
 from lightning.pytorch import Callback, LightningModule, Trainer
 
-from project.cli import main
+from project.__main__ import main
 
 
 class RecordsSetup(Callback):
@@ -44,7 +44,7 @@ def bare_argv_and_no_leftover_group(monkeypatch):
 
 def test_one_process_skips_ddp_and_matches_lightnings_ddp_strategy_bit_for_bit(tmp_path):
     ours, our_weights = _fit(tmp_path / "ours")
-    assert ours == {"wrapped": False, "strategy": "project.strategy"}
+    assert ours == {"wrapped": False, "strategy": "project.runtime.strategy"}
 
     lightnings_flags = ("--trainer.strategy.class_path", "lightning.pytorch.strategies.DDPStrategy")
     theirs, their_weights = _fit(tmp_path / "lightning", *lightnings_flags)

@@ -32,13 +32,13 @@ def run_trial(command: list[str]) -> subprocess.CompletedProcess:
 
 def sweep(tmp_path: Path, *args: str, space: dict = SPACE, fit: tuple = ()) -> int:
     """`python -m project sweep ARGS` in this process; its trials are real `fit` processes."""
-    from project.sweep import main
+    from project.runs.sweep import main
 
     (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
     command = ["--space", str(tmp_path / "space.yaml"), *args, "--storage", f"sqlite:///{tmp_path}/sweep.db"]
     try:
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr("project.sweep.subprocess", SimpleNamespace(run=run_trial))  # the sweep's own name only
+            patch.setattr("project.runs.sweep.subprocess", SimpleNamespace(run=run_trial))  # the sweep's own name only
             return main([*command, "--root", str(tmp_path / "runs"), "--", *FIT, *fit])
     except SystemExit as exit_info:
         return exit_info.code

@@ -1,7 +1,8 @@
 """Preemption: on SIGTERM to any rank, every rank stops at the same step, ``last.ckpt`` is saved, the run exits 143.
 
 SLURM (``scancel``, a time limit, preemption) and Kubernetes (eviction, a deleted pod) send SIGTERM, then
-SIGKILL after a grace period. Lightning 2.6 handles SIGTERM with two private pieces that this file replaces:
+SIGKILL after a grace period. Lightning 2.6 handles SIGTERM with two private pieces that this file replaces (through
+``lightning_internals.take_over_sigterm``):
 
 - ``_TrainingEpochLoop._broadcast_sigterm_tensor``: a broadcast and an ``.item()`` at the start of every training
   step of a multi-process run (Lightning-AI/pytorch-lightning#21487): one collective per step, and on GPUs one
@@ -22,21 +23,16 @@ import subprocess
 import time
 from types import FrameType
 
-import lightning
 import torch
 import torch.distributed as dist
 from lightning.pytorch import Trainer
-from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
-from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
-from lightning.pytorch.trainer.connectors.signal_connector import _SignalConnector
 
-from project.faults import report
+from project.runtime import lightning_internals as internals
+from project.runtime.faults import report
 
 # 128 + SIGTERM, what shells, SLURM and Kubernetes report for a process that SIGTERM ended: schedulers and scripts
 # read "terminated before the end" (requeue, or resume with --ckpt_path last), not success (0) nor a crash (1).
 PREEMPTED_EXIT_CODE = 128 + signal.SIGTERM
-# Lightning's private members this file replaces; pyproject.toml pins the Lightning range that has them.
-REPLACED = ((_TrainingEpochLoop, "_broadcast_sigterm_tensor"), (_SignalConnector, "_sigterm_notifier_fn"))
 # How long rank 0 waits for the ranks it launched to exit after a stop (they only tear down), before killing them.
 LAUNCHED_RANKS_EXIT_S = 30.0
 
@@ -48,24 +44,12 @@ class Preempted(SystemExit):
         super().__init__(PREEMPTED_EXIT_CODE)
 
 
-def check_lightning() -> None:
-    """Fails at start-up when the installed Lightning lacks what this file replaces (a newer one may differ)."""
-    missing = [f"{owner.__name__}.{name}" for owner, name in REPLACED if not callable(getattr(owner, name, None))]
-    if missing:
-        raise RuntimeError(
-            f"lightning {lightning.__version__} has no {', '.join(missing)}, which project/preemption.py replaces"
-            " (a per-step SIGTERM broadcast and a SIGTERM handler): install the Lightning range pinned in"
-            " pyproject.toml, or update project/preemption.py for this version"
-        )
-
-
 class PreemptionCheck:
     """The SIGTERM flag, its exchange every ``every_n_steps`` steps, and the stop. Driven by ``RunGuard``."""
 
     def __init__(self, every_n_steps: int = 50) -> None:
         if every_n_steps < 1:
             raise ValueError(f"preemption_check_every_n_steps must be >= 1, got {every_n_steps}")
-        check_lightning()
         self.every_n_steps = every_n_steps
         self.signalled = False
         self._steps = 0
@@ -73,8 +57,7 @@ class PreemptionCheck:
 
     def install(self, trainer: Trainer) -> None:
         """Called in ``setup("fit")`` on every rank: after the process group, before Lightning registers handlers."""
-        trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = lambda: None
-        trainer._signal_connector._sigterm_notifier_fn = self._on_sigterm
+        internals.take_over_sigterm(trainer, self._on_sigterm)
         self.signalled, self._steps = False, 0
         if trainer.world_size > 1:  # every rank creates the group, as new_group requires
             gloo = dist.get_backend() == dist.Backend.GLOO
@@ -125,11 +108,11 @@ def detach_launched_ranks(trainer: Trainer) -> list[subprocess.Popen]:
     Lightning's launcher thread SIGKILLs rank 0 once a launched rank exits non-zero; it watches the launcher's
     ``procs`` list, so emptying that list (before the save, which the other ranks must wait for) stops it.
     """
-    launcher = trainer.strategy.launcher
-    if not isinstance(launcher, _SubprocessScriptLauncher):
+    procs = internals.launched_processes(trainer)
+    if procs is None:
         return []
-    launched = list(launcher.procs)
-    launcher.procs.clear()
+    launched = list(procs)
+    procs.clear()
     return launched
 
 

@@ -1,83 +1,29 @@
-"""Callbacks the CLI always adds: the run's safeguards, and files every run should leave behind."""
+"""``RunGuard``, the callback the CLI adds to every run (the ``guard`` config key): the safeguards in one place."""
 
-import json
 import time
-from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.callbacks import BasePredictionWriter
 
-from project.checkpointing import gather_rng_states, restore_rng_states
-from project.faults import FailFast, NonFiniteLosses, report
-from project.overhead import skip_empty_batch_hooks, skip_idle_checkpoint_hooks
-from project.preemption import Preempted, PreemptionCheck
-from project.throughput import flops_per_sample, peak_flops
-
-
-class TestMetricsWriter(Callback):
-    """Writes the final test metrics to ``<log_dir>/test_metrics.json`` and prints them.
-
-    ``trainer.callback_metrics`` already holds the values reduced across all ranks.
-    """
-
-    def __init__(self, filename: str = "test_metrics.json") -> None:
-        self.filename = filename
-
-    def on_test_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        log_dir = trainer.log_dir or trainer.default_root_dir  # log_dir broadcasts: every rank calls it
-        if not trainer.is_global_zero:
-            return
-        metrics = {name: value.item() for name, value in trainer.callback_metrics.items()}
-        path = Path(log_dir) / self.filename
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
-        print(f"test metrics written to {path}: {json.dumps(metrics, sort_keys=True)}")
-
-
-class PredictionsWriter(BasePredictionWriter):
-    """Writes ``predict``'s outputs to ``<log_dir>/predictions.csv`` as ``index,prediction`` rows.
-
-    Each rank predicts its own shard; the shards are gathered once and put back in data set order
-    using the shard's sampler indices (Lightning's ``batch_indices`` exist only for DataLoaders).
-    """
-
-    def __init__(self, filename: str = "predictions.csv") -> None:
-        super().__init__(write_interval="epoch")
-        self.filename = filename
-
-    def write_on_epoch_end(
-        self, trainer: Trainer, pl_module: LightningModule, predictions: Sequence[Any], batch_indices: Any
-    ) -> None:
-        log_dir = trainer.log_dir or trainer.default_root_dir  # log_dir broadcasts: every rank calls it
-        shard = (list(trainer.predict_dataloaders.sampler), torch.cat(list(predictions)).tolist())
-        shards = [shard]
-        if dist.is_available() and dist.is_initialized():
-            shards = [None] * dist.get_world_size()
-            dist.all_gather_object(shards, shard)
-        if not trainer.is_global_zero:
-            return
-        rows = sorted(row for indices, preds in shards for row in zip(indices, preds, strict=True))
-        path = Path(log_dir) / self.filename
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("index,prediction\n" + "".join(f"{index},{pred}\n" for index, pred in rows))
-        print(f"{len(rows)} predictions written to {path}")
+from project.runs.checkpointing import gather_rng_states, restore_rng_states
+from project.runtime import lightning_internals as internals
+from project.runtime.faults import FailFast, NonFiniteLosses, report
+from project.runtime.preemption import Preempted, PreemptionCheck
+from project.runtime.throughput import flops_per_sample, peak_flops
 
 
 class RunGuard(Callback):
     """What the template adds to every run, in one callback: Lightning calls each callback at every hook of every
     step (about six calls a step, a few microseconds each), so one callback instead of five.
 
-    - fail fast (``project/faults.py``): on an exception, names the failed rank and stops the ranks it launched;
-    - NaN guard (``project/faults.py``): stops at a non-finite loss, never saves non-finite weights;
-    - RNG states (``project/checkpointing.py``): every rank's, in each checkpoint, restored on resume;
-    - preemption (``project/preemption.py``): on SIGTERM to any rank, every rank stops at the same step, last.ckpt
+    - fail fast (``runtime/faults.py``): on an exception, names the failed rank and stops the ranks it launched;
+    - NaN guard (``runtime/faults.py``): stops at a non-finite loss, never saves non-finite weights;
+    - RNG states (``runs/checkpointing.py``): every rank's, in each checkpoint, restored on resume;
+    - preemption (``runtime/preemption.py``): on SIGTERM to any rank, every rank stops at the same step, last.ckpt
       is saved, the run exits 143;
     - samples/s (all ranks together) on the progress bar and in the logs, over each ``log_every_n_steps`` window,
-      with the model's TFLOP/s and, on GPUs Lightning knows, MFU (``project/throughput.py``): Lightning's
+      with the model's TFLOP/s and, on GPUs Lightning knows, MFU (``runtime/throughput.py``): Lightning's
       ThroughputMonitor times every step, which needs a CUDA sync per step.
 
     A training step costs a list append and an addition here; the rest runs every ``log_every_n_steps`` steps
@@ -93,12 +39,11 @@ class RunGuard(Callback):
         self.preemption = PreemptionCheck(preemption_check_every_n_steps)
         self.non_finite = NonFiniteLosses()
         self._start, self._samples = 0.0, 0
-        self._flops_per_sample: int | None = None  # measured at the first step (project/throughput.py)
+        self._flops_per_sample: int | None = None  # measured at the first step (runtime/throughput.py)
         self._peak_flops: float | None = None
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        skip_empty_batch_hooks(trainer)  # the final callback list: the model's own callbacks are in it by now
-        skip_idle_checkpoint_hooks(trainer.callbacks)
+        internals.skip_noop_hooks(trainer)  # the final callback list: the model's own callbacks are in it by now
         if stage == "fit":
             self.preemption.install(trainer)
 

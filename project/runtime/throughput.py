@@ -9,10 +9,11 @@ there is none, and no MFU is logged. Lightning's ``ThroughputMonitor`` would do 
 import torch
 from lightning.fabric.utilities.throughput import get_available_flops
 from lightning.pytorch import Trainer
-from lightning.pytorch.callbacks.throughput_monitor import _plugin_to_compute_dtype
 from torch import Tensor, nn
 from torch.func import functional_call
 from torch.utils.flop_counter import FlopCounterMode
+
+from project.runtime import lightning_internals as internals
 
 
 def flops_per_sample(network: nn.Module, inputs: Tensor) -> int | None:
@@ -32,7 +33,7 @@ def flops_per_sample(network: nn.Module, inputs: Tensor) -> int | None:
 def peak_flops(trainer: Trainer) -> float | None:
     """The device's theoretical peak FLOPs/s at the run's compute dtype; None on CPUs and on GPUs Lightning does
     not know."""
-    device = trainer.strategy.root_device
-    if device.type != "cuda":
+    device, dtype = trainer.strategy.root_device, internals.compute_dtype(trainer)
+    if device.type != "cuda" or dtype is None:
         return None
-    return get_available_flops(device, _plugin_to_compute_dtype(trainer.precision_plugin))
+    return get_available_flops(device, dtype)

@@ -1,10 +1,10 @@
 """Loggers: Lightning's, with one fix so a resumed run keeps its history."""
 
-import csv
-
 from lightning.fabric.loggers.logger import rank_zero_experiment
 from lightning.pytorch import loggers
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+
+from project.runtime import lightning_internals as internals
 
 
 class CSVLogger(loggers.CSVLogger):
@@ -17,16 +17,4 @@ class CSVLogger(loggers.CSVLogger):
     @property
     @rank_zero_experiment
     def experiment(self) -> ExperimentWriter:
-        if self._experiment is None:
-            self._fs.makedirs(self.root_dir, exist_ok=True)
-            self._experiment = AppendingExperimentWriter(log_dir=self.log_dir)
-        return self._experiment
-
-
-class AppendingExperimentWriter(ExperimentWriter):
-    """Keeps an existing ``metrics.csv``: its columns are taken as known, new rows are appended below its rows."""
-
-    def _check_log_dir_exists(self) -> None:
-        if self._fs.isfile(self.metrics_file_path):
-            with self._fs.open(self.metrics_file_path, "r", newline="") as file:
-                self.metrics_keys = list(csv.DictReader(file).fieldnames or [])
+        return internals.appending_csv_experiment(self)

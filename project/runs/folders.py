@@ -4,8 +4,8 @@ The layout is Lightning's own: the first logger numbers its folders ``<default_r
 and, with no ``dirpath`` set, ``ModelCheckpoint`` writes into that folder's ``checkpoints/``; ``config.yaml`` and
 ``metrics.csv`` sit beside it. Lightning's own ``ckpt_path="last"`` would look only in the new run's empty folder and
 silently start fresh, and its ``"best"`` exists only in the process that trained, so the CLI resolves them here,
-before anything is built. A resumed run logs into its own folder again, and into its own tracker runs (MLflow, W&B),
-whose ids the run records in ``trackers.json``.
+before anything is built (``prepare_run``). A resumed run logs into its own folder again, and into its own tracker
+runs (MLflow, W&B), whose ids the run records in ``trackers.json``.
 """
 
 import json
@@ -15,15 +15,88 @@ from pathlib import Path
 from typing import Any
 
 from jsonargparse import Namespace
+from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.cli import SaveConfigCallback
+from lightning.pytorch.utilities import rank_zero_only
 
-from project.checkpointing import load_checkpoint_file
+from project.runs.checkpointing import load_checkpoint_file
+from project.runtime.faults import report
 
 RUN_FOLDER = re.compile(r"version_(\d+)")
 TRACKERS_FILE = "trackers.json"
 # The constructor argument that names an existing run, per logger: MLflow's run_id, the others' version.
 RUN_ID_ARGS = ("run_id", "version")
+# Names Trainer.fit/test/... resolve themselves instead of reading a file ("last", "best", "auto" are resolved here).
+LIGHTNING_CKPT_ALIASES = ("hpc", "registry")
+
+
+class RunFolderError(ValueError):
+    """A ``--ckpt_path`` or run folder that cannot be used; the CLI prints it and exits 2."""
+
+
+def prepare_run(config: Namespace, subcommand: str) -> str:
+    """Resolves ``--ckpt_path last|best|auto`` in CONFIG (a subcommand's parsed config), points the loggers at the
+    run it continues, and refuses a fresh fit over an earlier run's checkpoints. Returns the file name for this
+    attempt's config (``config.yaml`` on a run's first attempt). Raises ``RunFolderError``."""
+    default_save_dirs(config.trainer)
+    if config.ckpt_path == "auto":
+        return resume_if_possible(config)
+    if config.ckpt_path in ("last", "best"):
+        return use_newest_run(config, resume=subcommand == "fit")
+    if subcommand == "fit" and config.ckpt_path is None:
+        return start_new_run(config)
+    return "config.yaml"
+
+
+def use_newest_run(config: Namespace, resume: bool) -> str:
+    which = config.ckpt_path
+    try:
+        found = find_checkpoint(config, which)
+    except ValueError as error:
+        raise RunFolderError(str(error)) from None
+    if found is None:
+        where = fixed_checkpoint_folder(config) or versions_folder(config.trainer)
+        raise RunFolderError(f"--ckpt_path {which}: no run with a last.ckpt in {where}; start one with fit")
+    config.ckpt_path, folder = str(found[0]), found[1]
+    rank_zero_only(report)(f"{'resuming from' if resume else 'loading'} {config.ckpt_path}")
+    return continue_run(config, folder) if resume and folder is not None else "config.yaml"
+
+
+def resume_if_possible(config: Namespace) -> str:
+    """``fit --ckpt_path auto``, for jobs that restart themselves (torchrun ``--max-restarts``, Kubernetes): resume
+    the newest run when it has a checkpoint, else start. A torchrun restart continues the newest run's folder even
+    before its first checkpoint, so it never resumes an older run."""
+    restarted, newest = restart_count() > 0, find_checkpoint(config, "last")
+    folders = run_folders(config) if fixed_checkpoint_folder(config) is None else []
+    if restarted and folders and (newest is None or newest[1] != folders[0]):
+        config.ckpt_path = None
+        rank_zero_only(report)(f"--ckpt_path auto: restart {restart_count()}, no checkpoint yet: starting over")
+        return continue_run(config, folders[0])
+    if newest is not None:
+        config.ckpt_path = "last"
+        return use_newest_run(config, resume=True)
+    config.ckpt_path = None
+    rank_zero_only(report)("--ckpt_path auto: no checkpoint to resume, starting a new run")
+    return start_new_run(config)
+
+
+def start_new_run(config: Namespace) -> str:
+    """A fresh fit gets its own run folder; where every run shares one, refuse to write over an earlier run."""
+    root = Path(config.trainer.get("default_root_dir") or ".")
+    # A requeued SLURM job: Lightning resumes from the hpc_ckpt_N.ckpt it saved in default_root_dir.
+    if SLURMEnvironment.detect() and any(root.glob("hpc_ckpt_*.ckpt")):
+        found = find_checkpoint(config, "last")
+        if found is not None and found[1] is not None:  # it continues its run's folder
+            return continue_run(config, found[1])
+        return "config.yaml"
+    fixed = fixed_checkpoint_folder(config)
+    if fixed is not None and any(fixed.glob("*.ckpt")):
+        raise RunFolderError(
+            f"the checkpoint folder already holds an earlier run's checkpoints ({fixed}); resume with"
+            " --ckpt_path last, or choose a new --trainer.default_root_dir"
+        )
+    return "config.yaml"
 
 
 def logger_configs(trainer: Namespace) -> list[Namespace]:

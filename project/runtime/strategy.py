@@ -11,8 +11,9 @@ import os
 from datetime import timedelta
 
 import torch.distributed as dist
-from lightning.fabric.utilities.distributed import _init_dist_connection
 from lightning.pytorch import strategies
+
+from project.runtime import lightning_internals as internals
 
 
 class DDPStrategy(strategies.DDPStrategy):
@@ -25,14 +26,9 @@ class DDPStrategy(strategies.DDPStrategy):
     def setup_distributed(self) -> None:
         """Under torchrun, joins the process group through a key space of this attempt's own (see ``attempt_store``);
         Lightning's setup then finds the group ready. Elsewhere, Lightning's setup as it is."""
-        store = attempt_store(self._timeout)
+        store = attempt_store(internals.process_group_timeout(self))
         if store is not None:
-            self.set_world_ranks()
-            device_id = self.root_device if self.root_device.type != "cpu" else None  # as Lightning passes it
-            backend = self._get_process_group_backend()
-            _init_dist_connection(
-                self.cluster_environment, backend, store=store, timeout=self._timeout, device_id=device_id
-            )
+            internals.join_process_group(self, store)
         super().setup_distributed()
 
 

@@ -13,7 +13,8 @@ from typing import Any
 
 import torch
 from lightning.pytorch import Trainer
-from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
+
+from project.runtime import lightning_internals as internals
 
 # The process that started this one: for a rank that Lightning's launcher re-ran, rank 0 (launcher.py sets it in a
 # forked rank). Recorded at import, before a failure to join the process group can come.
@@ -27,7 +28,7 @@ DIST_HINT = (
 class FailFast:
     """On an exception in any rank: say which rank failed and at which step, and stop the ranks it launched.
 
-    Driven by ``RunGuard`` (project/callbacks.py), the callback that holds the template's per-run checks.
+    Driven by ``RunGuard`` (runtime/guard.py), the callback that holds the template's per-run checks.
 
     Lightning's own launcher (``devices > 1`` without torchrun or SLURM) starts local ranks 1..n-1 from
     rank 0's process. It kills them only on Ctrl-C; a rank 0 that fails otherwise would leave them blocked
@@ -39,23 +40,23 @@ class FailFast:
         report(f"{where}: {type(exception).__name__}: {first_line(exception)}")
         if isinstance(exception, torch.distributed.DistError):
             report(f"rank {trainer.global_rank}: {DIST_HINT}")
-        launcher = trainer.strategy.launcher
-        if isinstance(launcher, _SubprocessScriptLauncher) and launcher.procs:
-            self._stop_launched_ranks(trainer, launcher)
+        launched = internals.launched_processes(trainer)
+        if launched:
+            self._stop_launched_ranks(trainer, launched)
         elif trainer.world_size > 1 and trainer.local_rank > 0 and self._launcher_is_gone():
             first_rank = trainer.node_rank * trainer.num_devices
             report(f"rank {first_rank}, the process that launched rank {trainer.global_rank}, is gone")
 
-    def _stop_launched_ranks(self, trainer: Trainer, launcher: _SubprocessScriptLauncher) -> None:
+    def _stop_launched_ranks(self, trainer: Trainer, launched: list) -> None:
         """Names the launched ranks that already ended badly, then kills the rest."""
-        wait_until(lambda: any(proc.poll() for proc in launcher.procs))
-        for local_rank, proc in enumerate(launcher.procs, start=1):
-            rank = trainer.node_rank * launcher.num_processes + local_rank
+        wait_until(lambda: any(proc.poll() for proc in launched))
+        for local_rank, proc in enumerate(launched, start=1):
+            rank = trainer.node_rank * trainer.num_devices + local_rank
             if proc.returncode is not None and proc.returncode < 0:
                 report(f"rank {rank} (pid {proc.pid}) was killed by {signal.Signals(-proc.returncode).name}")
             elif proc.returncode:
                 report(f"rank {rank} (pid {proc.pid}) exited with code {proc.returncode}")
-        launcher.kill(signal.SIGKILL)
+        internals.kill_launched(trainer, signal.SIGKILL)
 
     def _launcher_is_gone(self) -> bool:
         return wait_until(lambda: os.getppid() != LAUNCHER_PID)

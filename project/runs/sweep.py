@@ -76,7 +76,7 @@ def flags(params: dict[str, Any]) -> list[str]:
 
 def check_keys(fit_args: list[str], space: dict[str, Any]) -> None:
     """Parses the fit command with a value of every key, as the CLI would: an unknown key or a wrong type exits 2."""
-    from project.cli import main
+    from project.__main__ import main
 
     sample = {key: dist.choices[0] if hasattr(dist, "choices") else dist.low for key, dist in space.items()}
     try:
@@ -93,7 +93,7 @@ def run_trial(trial: Any, study_name: str, storage: str, fit_args: list[str], ro
 
     run_dir = root / f"trial-{trial.number}"
     pruning = [
-        "--trainer.callbacks+=project.sweep.OptunaPruning",
+        "--trainer.callbacks+=project.runs.sweep.OptunaPruning",
         *("--trainer.callbacks.storage", storage, "--trainer.callbacks.study_name", study_name),
         *("--trainer.callbacks.trial_number", str(trial.number)),
     ]

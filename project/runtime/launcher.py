@@ -7,8 +7,8 @@ with rank 0's parsed config, model and data module (copied on write), and joins 
 re-run one: the environment variables, the process bookkeeping and the watch over the ranks are Lightning's own.
 
 Two things cannot cross a fork: torch's OpenMP pool (libgomp hangs in a child forked after a multi-threaded parallel
-region) and CUDA (unusable in a child forked after it started). So the CLI (cli.py) builds on one thread, and uses
-this launcher on CPU only, where it used Lightning's script launcher; GPU ranks are started by Lightning's.
+region) and CUDA (unusable in a child forked after it started). So the CLI builds inside ``one_thread()``, and uses
+this launcher on CPU only, where Lightning would use its script launcher; GPU ranks are started by Lightning's.
 Lightning's own ``ddp_fork`` is another design: the launching process forks every rank, rank 0 included, and waits
 for rank 0's results through a queue.
 """
@@ -17,16 +17,15 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
-from lightning.fabric.strategies.launchers.subprocess_script import _launch_process_observer
-from lightning.fabric.utilities.distributed import _set_num_threads_if_needed
-from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
-from lightning.pytorch.trainer import call
+import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
-from project import faults
+from project.runtime import faults
+from project.runtime import lightning_internals as internals
 
 
 class ForkedRank:
@@ -56,14 +55,14 @@ class ForkedRank:
         self.send_signal(signal.SIGKILL)
 
 
-class ForkLauncher(_SubprocessScriptLauncher):
+class ForkLauncher(internals.ScriptLauncher):
     """Lightning's script launcher, with the local ranks forked from rank 0 instead of re-run."""
 
     def launch(self, function: Callable, *args: Any, trainer: Any = None, **kwargs: Any) -> Any:
         if self.cluster_environment.creates_processes_externally:  # torchrun, SLURM: every rank is started already
             return super().launch(function, *args, trainer=trainer, **kwargs)
         self.cluster_environment.validate_settings(num_devices=self.num_processes, num_nodes=self.num_nodes)
-        self._check_can_spawn_children()
+        internals.check_can_spawn_children(self)
         self._set_launch_environment()
         for local_rank in range(1, self.num_processes):
             sys.stdout.flush(), sys.stderr.flush()  # a buffered line would be printed by both processes
@@ -71,8 +70,8 @@ class ForkLauncher(_SubprocessScriptLauncher):
             if pid == 0:
                 self._run_forked_rank(local_rank, trainer, function, *args, **kwargs)  # never returns
             self.procs.append(ForkedRank(pid))
-        _launch_process_observer(self.procs)
-        _set_num_threads_if_needed(num_processes=self.num_processes)
+        internals.watch_launched(self.procs)
+        internals.set_num_threads(self.num_processes)
         return function(*args, **kwargs)
 
     def _set_launch_environment(self) -> None:
@@ -91,10 +90,10 @@ class ForkLauncher(_SubprocessScriptLauncher):
         faults.LAUNCHER_PID = os.getppid()
         # A re-run rank reads it from the environment at import; Lightning sets it again once the group is up.
         rank_zero_only.rank = self.cluster_environment.node_rank() * self.num_processes + local_rank
-        _set_num_threads_if_needed(num_processes=self.num_processes)
+        internals.set_num_threads(self.num_processes)
         code = 0
         try:  # as in rank 0: Lightning's handling (callbacks' on_exception, teardown), then this launcher's again
-            call._call_and_handle_interrupt(trainer, function, *args, **kwargs)  # LOCAL_RANK is set: no launch
+            internals.run_as_trainer(trainer, function, *args, **kwargs)  # LOCAL_RANK is set: no launch
         except SystemExit as stop:
             code = stop.code if isinstance(stop.code, int) else int(stop.code is not None)
         except BaseException:
@@ -103,3 +102,14 @@ class ForkLauncher(_SubprocessScriptLauncher):
         finally:
             sys.stdout.flush(), sys.stderr.flush()
             os._exit(code)
+
+
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """Builds on one thread: a rank forked after a multi-threaded OpenMP region hangs."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)  # sets the count only: no thread starts before the first parallel op

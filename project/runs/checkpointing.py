@@ -19,7 +19,7 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
 
-from project.faults import first_line
+from project.runtime.faults import first_line
 
 
 class CheckpointError(ValueError):

@@ -1,0 +1,9 @@
+"""What a run leaves on disk, and how the next run finds it. Touch it to change where runs go, what they log or how
+they are checkpointed.
+
+- ``folders.py``: one folder per run, ``--ckpt_path last|best|auto``, the saved config and tracker ids;
+- ``checkpointing.py``: atomic, weights-only checkpoints with every rank's RNG states;
+- ``loggers.py``: Lightning's CSV logger, appending when a run resumes; ``outputs.py``: the progress bar, test
+  metrics and predictions files;
+- ``sweep.py``: ``python -m project sweep``, Optuna trials that are real fits.
+"""

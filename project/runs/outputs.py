@@ -1,0 +1,74 @@
+"""What a run shows and leaves behind besides checkpoints and logs: the progress bar, test metrics, predictions."""
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.callbacks import BasePredictionWriter, RichProgressBar
+
+
+class ProgressBar(RichProgressBar):
+    """Lightning's Rich bar showing what a user reads: loss and accuracies to three decimals, samples/s as a whole
+    number, no ``v_num`` (the run folder's number, which it prints as ``0.000``). The CLI adds it, updated every
+    second batch, unless the config has a progress bar of its own."""
+
+    def get_metrics(self, trainer: Trainer, pl_module: LightningModule) -> dict[str, Any]:
+        metrics = super().get_metrics(trainer, pl_module)
+        metrics.pop("v_num", None)
+        for name in ("samples_per_sec", "tflops_per_sec"):
+            if isinstance(metrics.get(name), float):
+                metrics[name] = f"{metrics[name]:,.0f}" if name == "samples_per_sec" else f"{metrics[name]:.3g}"
+        return metrics
+
+
+class TestMetricsWriter(Callback):
+    """Writes the final test metrics to ``<log_dir>/test_metrics.json`` and prints them.
+
+    ``trainer.callback_metrics`` already holds the values reduced across all ranks.
+    """
+
+    def __init__(self, filename: str = "test_metrics.json") -> None:
+        self.filename = filename
+
+    def on_test_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        log_dir = trainer.log_dir or trainer.default_root_dir  # log_dir broadcasts: every rank calls it
+        if not trainer.is_global_zero:
+            return
+        metrics = {name: value.item() for name, value in trainer.callback_metrics.items()}
+        path = Path(log_dir) / self.filename
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+        print(f"test metrics written to {path}: {json.dumps(metrics, sort_keys=True)}")
+
+
+class PredictionsWriter(BasePredictionWriter):
+    """Writes ``predict``'s outputs to ``<log_dir>/predictions.csv`` as ``index,prediction`` rows.
+
+    Each rank predicts its own shard; the shards are gathered once and put back in data set order
+    using the shard's sampler indices (Lightning's ``batch_indices`` exist only for DataLoaders).
+    """
+
+    def __init__(self, filename: str = "predictions.csv") -> None:
+        super().__init__(write_interval="epoch")
+        self.filename = filename
+
+    def write_on_epoch_end(
+        self, trainer: Trainer, pl_module: LightningModule, predictions: Sequence[Any], batch_indices: Any
+    ) -> None:
+        log_dir = trainer.log_dir or trainer.default_root_dir  # log_dir broadcasts: every rank calls it
+        shard = (list(trainer.predict_dataloaders.sampler), torch.cat(list(predictions)).tolist())
+        shards = [shard]
+        if dist.is_available() and dist.is_initialized():
+            shards = [None] * dist.get_world_size()
+            dist.all_gather_object(shards, shard)
+        if not trainer.is_global_zero:
+            return
+        rows = sorted(row for indices, preds in shards for row in zip(indices, preds, strict=True))
+        path = Path(log_dir) / self.filename
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("index,prediction\n" + "".join(f"{index},{pred}\n" for index, pred in rows))
+        print(f"{len(rows)} predictions written to {path}")

@@ -1,0 +1,11 @@
+"""The distributed runtime: how the ranks start, join, stop and fail. Touch it to change how a run is launched or
+supervised, not to change what it trains.
+
+- ``strategy.py``: Lightning's DDP, without the wrapper for one process, surviving torchrun restarts;
+- ``launcher.py``: local CPU ranks forked from rank 0 instead of re-running the command;
+- ``guard.py``: ``RunGuard``, the callback every run gets (fail-fast, NaN guard, RNG states, preemption, samples/s);
+- ``preemption.py``: on SIGTERM every rank stops at the same step and saves; ``faults.py``: failures named, peers
+  stopped, NaN caught; ``throughput.py``: FLOPs and MFU;
+- ``doctor.py``: ``python -m project doctor``, the distributed setup checked;
+- ``lightning_internals.py``: every use of Lightning's private API, checked at start-up.
+"""

@@ -1,0 +1,161 @@
+"""Lightning's private API is reached from one module only, and that module checks at start-up what it reaches."""
+
+import ast
+import functools
+import importlib
+import inspect
+import pkgutil
+import re
+import sys
+import warnings
+from pathlib import Path
+
+import lightning
+import pytest
+from conftest import DIGITS_CONFIG, REPO
+from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
+
+import project
+from project.runtime import lightning_internals as internals
+
+BOUNDARY = REPO / "project" / "runtime" / "lightning_internals.py"
+
+
+def project_files() -> list[Path]:
+    return sorted(path for path in (REPO / "project").rglob("*.py") if path != BOUNDARY)
+
+
+def private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def is_self(node: ast.AST) -> bool:
+    return isinstance(node, ast.Name) and node.id in ("self", "cls")
+
+
+def defined_names(tree: ast.AST) -> set[str]:
+    """Private names the file defines itself: functions, classes, module variables, attributes it assigns."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and is_self(node.value):
+            names.add(node.attr)
+    return {name for name in names if private(name)}
+
+
+@functools.cache
+def lightning_private_names() -> frozenset[str]:
+    """Private names Lightning defines: its functions, classes, module variables and instance attributes."""
+    definition = re.compile(r"(?:def |class |self\.|^\s*)(_[A-Za-z0-9_]+)\s*[(=:]", re.MULTILINE)
+    root = Path(lightning.__file__).parent
+    names = (name for path in root.rglob("*.py") for name in definition.findall(path.read_text()))
+    return frozenset(name for name in names if private(name))
+
+
+def reaches_into_lightning(path: Path) -> list[str]:
+    """What PATH reaches of Lightning's privates: imports of private names or modules, and attributes (or getattr
+    names) that Lightning defines as private and the file does not define itself."""
+    tree = ast.parse(path.read_text())
+    own = defined_names(tree)
+    theirs = lightning_private_names()
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("lightning"):
+            parts = node.module.split(".") + [alias.name for alias in node.names]
+            found += [f"imports {node.module}.{part}" for part in parts if private(part)]
+        elif isinstance(node, ast.Import):
+            found += [f"imports {a.name}" for a in node.names if a.name.startswith("lightning") and "._" in a.name]
+        elif isinstance(node, ast.Attribute) and node.attr in theirs and node.attr not in own:
+            found.append(f"uses .{node.attr} (line {node.lineno})")
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "setattr", "hasattr", "delattr")
+            and len(node.args) > 1
+            and isinstance(node.args[1], ast.Constant)
+            and isinstance(node.args[1].value, str)
+            and node.args[1].value in theirs
+            and node.args[1].value not in own
+        ):
+            found.append(f"{node.func.id}(..., {node.args[1].value!r}) (line {node.lineno})")
+    return found
+
+
+def test_no_module_but_the_boundary_reaches_into_lightnings_private_api():
+    reaching = {
+        str(path.relative_to(REPO)): found for path in project_files() if (found := reaches_into_lightning(path))
+    }
+    assert reaching == {}
+
+
+def test_no_class_overrides_a_private_member_of_lightnings_or_subclasses_a_private_class_but_through_the_boundary():
+    allowed_bases = {value for value in vars(internals).values() if isinstance(value, type)}
+    offences = []
+    for module_info in pkgutil.walk_packages(project.__path__, "project."):
+        module = importlib.import_module(module_info.name)
+        for cls in vars(module).values():
+            if not (inspect.isclass(cls) and cls.__module__ == module.__name__) or module is internals:
+                continue
+            lightning_bases = [base for base in cls.__mro__[1:] if base.__module__.startswith("lightning")]
+            offences += [
+                f"{cls.__qualname__} subclasses {base.__qualname__}"
+                for base in cls.__bases__
+                if base.__module__.startswith("lightning") and private(base.__name__) and base not in allowed_bases
+            ]
+            offences += [
+                f"{cls.__qualname__}.{name} overrides Lightning's"
+                for name in vars(cls)
+                if private(name) and name != "_abc_impl" and any(name in vars(base) for base in lightning_bases)
+            ]
+    assert offences == []
+
+
+def test_the_check_finds_every_part_in_the_installed_lightning():
+    internals.missing_parts.cache_clear()
+    assert internals.missing_parts() == ()
+    assert all(line.lstrip().startswith("ok") for line in internals.report())
+
+
+def test_a_correctness_part_gone_from_lightning_stops_the_cli_at_start_up_with_exit_2(monkeypatch, capsys, tmp_path):
+    from project.__main__ import main
+
+    monkeypatch.delattr(_TrainingEpochLoop, "_broadcast_sigterm_tensor")
+    internals.missing_parts.cache_clear()
+    try:
+        with pytest.raises(SystemExit) as exit_info:
+            main(["fit", "--config", str(DIGITS_CONFIG), "--trainer.default_root_dir", str(tmp_path)])
+    finally:
+        monkeypatch.undo()
+        internals.missing_parts.cache_clear()
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err
+    assert "SIGTERM preemption" in error and "_TrainingEpochLoop._broadcast_sigterm_tensor" in error
+    assert "mend project/runtime/lightning_internals.py" in error
+    assert not any(tmp_path.iterdir())  # nothing written
+
+
+def test_a_speed_part_gone_from_lightning_falls_back_to_lightnings_own_behaviour_with_one_warning(
+    monkeypatch, tmp_path
+):
+    from project.cli import build_cli
+
+    monkeypatch.setattr(sys, "argv", sys.argv[:1])
+    monkeypatch.setattr(internals, "_launch_process_observer", None)
+    monkeypatch.setattr(internals, "_plugin_to_compute_dtype", None)
+    internals.missing_parts.cache_clear()
+    args = ["--config", str(DIGITS_CONFIG), "--trainer.default_root_dir", str(tmp_path), "--trainer.devices", "2"]
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            cli = build_cli(args, run=False)
+    finally:
+        monkeypatch.undo()
+        internals.missing_parts.cache_clear()
+    messages = [str(warning.message) for warning in caught if "mend project/runtime" in str(warning.message)]
+    assert len(messages) == 2
+    assert any("local CPU ranks forked" in message for message in messages)
+    assert any("MFU" in message for message in messages)
+    assert type(cli.trainer.strategy.launcher).__name__ == "_SubprocessScriptLauncher"  # Lightning's own
