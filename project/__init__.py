@@ -11,8 +11,9 @@ import importlib.abc
 import importlib.util
 import sys
 
-# Modules that moved when the package got runtime/ and runs/: configs saved by earlier runs name them as class paths
-# (``project.strategy.DDPStrategy``, ``project.loggers.CSVLogger``), so those names still import, as the new module.
+# Modules that moved when the package got runtime/ and runs/: configs saved by earlier runs name them in class
+# paths (``project.strategy.DDPStrategy``, ``project.loggers.CSVLogger``), so
+# those names still import, as the new module.
 MOVED = {
     "project.strategy": "project.runtime.strategy",
     "project.loggers": "project.runs.loggers",

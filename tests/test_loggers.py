@@ -15,6 +15,7 @@ from lightning.pytorch.callbacks import LearningRateMonitor, RichProgressBar
 from project.cli import ProjectCLI
 from project.data import InMemoryDataModule
 from project.module import ClassificationModule
+from project.runs.outputs import ProgressBar
 
 PLOT_SCRIPT = REPO / "scripts" / "plot_metrics.py"
 
@@ -93,9 +94,9 @@ def test_tensorboard_overlay_writes_event_files_into_the_same_layout(tmp_path):
 @pytest.mark.parametrize(
     ("flags", "progress_bar", "lr_monitor", "redraws_per_second"),
     [
-        ([], RichProgressBar, True, 2),  # not Lightning's 100: its drawing thread slows training
+        ([], ProgressBar, True, 2),  # every second batch: its drawing thread competes with training
         (["--trainer.enable_progress_bar", "false"], type(None), True, None),
-        (["--trainer.logger", "false"], RichProgressBar, False, 2),  # Lightning's monitor raises without a logger
+        (["--trainer.logger", "false"], ProgressBar, False, 2),  # Lightning's monitor raises without a logger
         (["--trainer.callbacks+=RichProgressBar", "--trainer.callbacks.refresh_rate=5"], RichProgressBar, True, 5),
     ],
 )

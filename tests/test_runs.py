@@ -58,3 +58,36 @@ def test_ckpt_path_last_without_a_run_to_resume_is_an_error(tmp_path, capsys):
         project("fit", *quick_args(tmp_path / "run", "--ckpt_path", "last"))
     assert exit_info.value.code == 2
     assert not (tmp_path / "run").exists()
+
+
+def run_config(root, ckpt_path=None, dirpath=None):
+    """A subcommand's parsed config, as far as the run-folder policy reads it: no parser needed."""
+    from jsonargparse import Namespace
+
+    logger = Namespace(
+        class_path="project.runs.loggers.CSVLogger",
+        init_args=Namespace(save_dir=None, name="lightning_logs", version=None),
+    )
+    trainer = Namespace(default_root_dir=str(root), logger=logger)
+    return Namespace(trainer=trainer, checkpoint=Namespace(dirpath=dirpath), ckpt_path=ckpt_path)
+
+
+def test_the_run_folder_policy_works_on_a_plain_config_without_a_parser(tmp_path):
+    from project.runs.folders import RunFolderError, prepare_run
+
+    config = run_config(tmp_path, "last")
+    with pytest.raises(RunFolderError, match="no run with a last.ckpt"):
+        prepare_run(config, "fit")
+    for version in (0, 1):
+        (tmp_path / "lightning_logs" / f"version_{version}" / "checkpoints").mkdir(parents=True)
+    newest = tmp_path / "lightning_logs" / "version_1"
+    (newest / "checkpoints" / "last.ckpt").write_bytes(b"")
+    (newest / "config.yaml").write_text("")
+    assert prepare_run(config, "fit") == "config.resume-1.yaml"  # the run's first config.yaml is kept
+    assert config.ckpt_path == str(newest / "checkpoints" / "last.ckpt")
+    assert config.trainer.logger.init_args.version == 1 and config.trainer.logger.init_args.save_dir == str(tmp_path)
+    fixed = tmp_path / "fixed"
+    (fixed / "last.ckpt").parent.mkdir()
+    (fixed / "last.ckpt").write_bytes(b"")
+    with pytest.raises(RunFolderError, match="already holds an earlier run's checkpoints"):
+        prepare_run(run_config(tmp_path, dirpath=str(fixed)), "fit")

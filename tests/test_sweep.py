@@ -38,7 +38,8 @@ def sweep(tmp_path: Path, *args: str, space: dict = SPACE, fit: tuple = ()) -> i
     command = ["--space", str(tmp_path / "space.yaml"), *args, "--storage", f"sqlite:///{tmp_path}/sweep.db"]
     try:
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr("project.runs.sweep.subprocess", SimpleNamespace(run=run_trial))  # the sweep's own name only
+            # the sweep's own name only
+            patch.setattr("project.runs.sweep.subprocess", SimpleNamespace(run=run_trial))
             return main([*command, "--root", str(tmp_path / "runs"), "--", *FIT, *fit])
     except SystemExit as exit_info:
         return exit_info.code

@@ -17,7 +17,6 @@ from collections.abc import Callable, Iterable
 import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import Dataset, DistributedSampler, Sampler, Subset, TensorDataset
-from torchdata.stateful_dataloader import StatefulDataLoader
 
 from project.data.loaders import TensorBatchLoader
 from project.data.samplers import ExactDistributedSampler, SeededSampler
@@ -51,8 +50,9 @@ class BaseDataModule(LightningDataModule):
         persistent_workers: keep workers alive between epochs (with ``num_workers > 0``).
         prefetch_factor: batches each worker loads ahead (with ``num_workers > 0``; ``None``: torch's default, 2).
         snapshot_every_n_steps: how often loader workers send their position to the training process (torchdata's
-            ``StatefulDataLoader``; its default, every batch, cost 5-8% of the images/s with 2 workers here). A
-            checkpoint between two snapshots stays exact: on resume the loader loads and skips the batches since.
+            ``StatefulDataLoader``; its default, every batch, costs images/s with several workers: see
+            docs/performance.md). A checkpoint between two snapshots stays exact: on resume the loader loads and
+            skips the batches since.
     """
 
     num_classes: int
@@ -170,6 +170,8 @@ class BaseDataModule(LightningDataModule):
         if self.hparams.in_memory and isinstance(dataset, TensorDataset):
             device = self._gpu() if self.hparams.on_device else None
             return TensorBatchLoader(dataset.tensors, sampler, self.hparams.batch_size, drop_last, device)
+        from torchdata.stateful_dataloader import StatefulDataLoader  # only where used: tensors in memory need none
+
         workers = self.hparams.num_workers
         return StatefulDataLoader(
             dataset,

@@ -15,7 +15,7 @@ def compose(transforms: Sequence[Callable] | None) -> Callable | None:
 def augments(train: Sequence[Callable] | None, evaluation: Sequence[Callable] | None) -> bool:
     """Whether the training transforms may draw random numbers: they are not the evaluation ones. The presets share
     their transform objects between the two when they add no augmentation; anything else counts as random, and its
-    samples carry seeds (about 7 us a sample, 10% of a small image's load, saved where nothing draws)."""
+    samples carry seeds (a cost per sample, saved where nothing draws)."""
     return bool(train) and list(train) != list(evaluation or [])
 
 
@@ -58,8 +58,8 @@ class Transformed(Dataset):
 def seeded(transform: Callable, image: Any, seed: int) -> Any:
     """``transform(image)`` with torch's global CPU generator seeded with ``seed``, restored afterwards.
 
-    The CPU generator alone: ``torch.manual_seed`` (and ``fork_rng``) also visit every accelerator, about 280 us a
-    call against 4 us here (measured on this CPU machine with a CUDA build of torch).
+    The CPU generator alone: ``torch.manual_seed`` (and ``fork_rng``) also visit every accelerator, which costs far
+    more per sample with a CUDA build of torch.
     """
     generator = torch.default_generator
     state = generator.get_state()
@@ -72,8 +72,8 @@ def seeded(transform: Callable, image: Any, seed: int) -> Any:
 
 class ImageToFloat:
     """A PIL image or uint8 tensor as a float CxHxW tensor in [0, 1]: ``v2.ToImage`` and then
-    ``v2.ToDtype(float32, scale=True)``, called as their functional forms. The same numbers; the two transform objects
-    cost about 70 us more per image (their input flattening and dispatch: 212 against 146 us for an 8x8 image).
+    ``v2.ToDtype(float32, scale=True)``, called as their functional forms. The same numbers, without the two transform
+    objects' input flattening and dispatch per image (docs/performance.md).
     """
 
     def __call__(self, image: Any) -> torch.Tensor:

@@ -1,8 +1,8 @@
 """Starting the local ranks: forked from rank 0 once it has built everything, instead of re-running the command.
 
 Lightning's launcher starts local ranks 1..n-1 by re-running the command line: each rank imports torch and
-Lightning again (about 8 s on a small CPU machine) and parses and builds everything again, after rank 0 has done all
-of it, so a 2-process run reached its first step about 5 s after a 1-process run. A forked rank starts at once,
+Lightning again and parses and builds everything again, after rank 0 has done all of it, so a 2-process run reaches
+its first step seconds after a 1-process run (docs/performance.md). A forked rank starts at once,
 with rank 0's parsed config, model and data module (copied on write), and joins the process group like a
 re-run one: the environment variables, the process bookkeeping and the watch over the ranks are Lightning's own.
 

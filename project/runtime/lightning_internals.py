@@ -150,7 +150,8 @@ def check() -> None:
         lines = "\n".join(f"  - {part.name}: needs {part.reaches}" for part in broken)
         raise LightningMismatch(
             f"lightning {lightning.__version__} lacks private parts the template relies on for correctness:\n{lines}\n"
-            "Install the Lightning range pinned in pyproject.toml, or mend project/runtime/lightning_internals.py."
+            "Install the Lightning range pinned in pyproject.toml, or mend"
+            " project/runtime/lightning_internals.py."
         )
     for part in missing:
         warnings.warn(

@@ -3,8 +3,8 @@ process group that survives torchrun's restarts.
 
 With several processes this is Lightning's ``DDPStrategy``. With one, the network trains unwrapped, the way
 Lightning's single-device strategy trains it: torch's DistributedDataParallel still runs its reducer and an all-reduce
-every step when alone, which made the digits MLP's CPU step about 30% slower. The process group is kept (a group of
-one), so everything that expects one works the same whatever the world size.
+every step when alone, which slows a small CPU step markedly (docs/performance.md). The process group is kept (a
+group of one), so everything that expects one works the same whatever the world size.
 """
 
 import os
