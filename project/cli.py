@@ -30,6 +30,8 @@ PROGRESS_BAR_REFRESH_RATE = 2  # batches between redraws: the bar's thread compe
 
 
 class ProjectCLI(LightningCLI):
+    run_plan = folders.RunPlan()  # where the subcommand's run goes (runs/folders.py)
+
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
         parser.link_arguments("trainer.default_root_dir", "trainer.logger.init_args.save_dir")  # a list: folders.py
@@ -48,10 +50,12 @@ class ProjectCLI(LightningCLI):
             return
         config = self.config[subcommand]
         try:
-            self.save_config_kwargs["config_filename"] = folders.prepare_run(config, subcommand)
+            self.run_plan = folders.prepare_run(config, subcommand)
+            self.save_config_kwargs["config_filename"] = self.run_plan.config_filename
             if config.ckpt_path and config.ckpt_path not in folders.LIGHTNING_CKPT_ALIASES:
                 load_checkpoint_file(config.ckpt_path, mmap=True)  # mmap: reads the structure, not every tensor
         except (folders.RunFolderError, CheckpointError) as error:
+            self.run_plan.release()
             parser.error(str(error))
 
     def instantiate_classes(self) -> None:
@@ -61,6 +65,7 @@ class ProjectCLI(LightningCLI):
                 super().instantiate_classes()
             self.check_distributed_settings()
         except (MisconfigurationException, ValueError, TypeError) as error:
+            self.run_plan.release()
             self.parser.error(f"invalid configuration: {error}")
 
     def check_distributed_settings(self) -> None:

@@ -14,7 +14,8 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 
 
 class FailAt(Callback):
-    """At the end of training step ``step`` (global step), rank ``rank`` raises, or sends itself SIGKILL or SIGTERM.
+    """At the end of training step ``step`` (global step), rank ``rank`` raises, or sends itself SIGKILL, SIGTERM or
+    SIGSTOP (it hangs without dying).
 
     ``rank: -1`` fails every rank. Running before ModelCheckpoint (Lightning orders checkpoint callbacks
     last), so a checkpoint due at ``step`` is never written. ``first_attempt_only``: not after a torchrun restart.
@@ -24,7 +25,7 @@ class FailAt(Callback):
         self,
         step: int,
         rank: int = -1,
-        action: Literal["raise", "sigkill", "sigterm"] = "raise",
+        action: Literal["raise", "sigkill", "sigterm", "sigstop"] = "raise",
         first_attempt_only: bool = False,
     ) -> None:
         self.step, self.rank, self.action, self.first_attempt_only = step, rank, action, first_attempt_only
@@ -34,8 +35,8 @@ class FailAt(Callback):
             return
         if self.first_attempt_only and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
             return
-        if self.action in ("sigkill", "sigterm"):
-            os.kill(os.getpid(), signal.SIGKILL if self.action == "sigkill" else signal.SIGTERM)
+        if self.action in ("sigkill", "sigterm", "sigstop"):
+            os.kill(os.getpid(), getattr(signal, self.action.upper()))
             return
         raise RuntimeError(f"injected failure on rank {trainer.global_rank} at step {self.step}")
 

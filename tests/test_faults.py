@@ -210,3 +210,19 @@ def test_a_peer_that_never_arrives_fails_after_the_configured_timeout(tmp_path):
     assert re.search(r"Timed out after \d+ seconds waiting for clients. 1/2 clients joined", result.stderr)
     assert 5 <= seconds < 60
     assert not (tmp_path / "run").exists()
+
+
+def test_a_rank_that_hangs_without_dying_is_named_within_the_timeout_with_the_stacks_of_the_others(tmp_path):
+    """SIGSTOP to rank 1 at step 5 of 2 processes with a 20 s process-group timeout: rank 0 waits in the next
+    gradient all-reduce, prints where it waits, fails at the timeout naming rank 1 and stops it."""
+    timeout = ("--trainer.strategy.init_args.timeout", "0:00:20", "--trainer.max_epochs", "1")
+    result, seconds = fit(tmp_path / "run", *fail_at(5, 1, "sigstop"), *timeout)
+    assert result.returncode != 0
+    assert re.search(r"rank 0: rank 1 stopped: its last heartbeat was at step \d, (1\d|2\d) s ago", result.stderr), (
+        result.stderr[-3000:]
+    )
+    assert "ranks still running: 0 at step 5" in result.stderr
+    assert re.search(r"rank 0: no progress for 1\d s at step 5; where each thread waits:", result.stderr)
+    assert "most recent call first" in result.stderr  # faulthandler's stack of every thread of rank 0
+    assert seconds < 20 + 30  # the timeout, plus start-up and the stop
+    assert processes_left(result) == []

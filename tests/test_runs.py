@@ -83,7 +83,8 @@ def test_the_run_folder_policy_works_on_a_plain_config_without_a_parser(tmp_path
     newest = tmp_path / "lightning_logs" / "version_1"
     (newest / "checkpoints" / "last.ckpt").write_bytes(b"")
     (newest / "config.yaml").write_text("")
-    assert prepare_run(config, "fit") == "config.resume-1.yaml"  # the run's first config.yaml is kept
+    plan = prepare_run(config, "fit")
+    assert plan.config_filename == "config.resume-1.yaml" and plan.folder == newest  # its first config.yaml is kept
     assert config.ckpt_path == str(newest / "checkpoints" / "last.ckpt")
     assert config.trainer.logger.init_args.version == 1 and config.trainer.logger.init_args.save_dir == str(tmp_path)
     fixed = tmp_path / "fixed"
@@ -91,3 +92,51 @@ def test_the_run_folder_policy_works_on_a_plain_config_without_a_parser(tmp_path
     (fixed / "last.ckpt").write_bytes(b"")
     with pytest.raises(RunFolderError, match="already holds an earlier run's checkpoints"):
         prepare_run(run_config(tmp_path, dirpath=str(fixed)), "fit")
+
+
+def test_fits_that_start_at_the_same_moment_get_distinct_run_folders(tmp_path):
+    """Lightning numbers a run one above the highest folder it lists, so two starts at once can pick the same number
+    (#11418, won't fix); the CLI claims the folder with mkdir, which only one process can win."""
+    import multiprocessing
+
+    from lightning.pytorch.loggers import CSVLogger
+
+    from project.runs.folders import prepare_run
+
+    first, second = CSVLogger(tmp_path / "lightning"), CSVLogger(tmp_path / "lightning")
+    assert first.version == second.version == 0  # what Lightning alone gives two runs that start together
+    context = multiprocessing.get_context("fork")
+    barrier, names = context.Barrier(4), context.Queue()
+
+    def start() -> None:
+        barrier.wait()  # the four starts coincide
+        names.put(prepare_run(run_config(tmp_path), "fit").folder.name)
+
+    processes = [context.Process(target=start) for _ in range(4)]
+    for process in processes:
+        process.start()
+    claimed = sorted(names.get(timeout=60) for _ in processes)
+    for process in processes:
+        process.join(timeout=60)
+    assert claimed == [f"version_{n}" for n in range(4)]
+
+
+def test_a_requeued_slurm_job_continues_the_run_its_job_started(tmp_path, monkeypatch):
+    from project.runs.folders import JOB_FILE, prepare_run
+
+    runs = tmp_path / "lightning_logs"
+    for version, job in enumerate(("76", "77", "78")):
+        (runs / f"version_{version}" / "checkpoints").mkdir(parents=True)
+        (runs / f"version_{version}" / JOB_FILE).write_text(job + "\n")
+        (runs / f"version_{version}" / "checkpoints" / "last.ckpt").write_bytes(b"")
+    for name, value in {"SLURM_NTASKS": "2", "SLURM_JOB_NAME": "project", "SLURM_JOB_ID": "77"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    config = run_config(tmp_path)
+    plan = prepare_run(config, "fit")
+    assert plan.folder == runs / "version_1" and config.ckpt_path == str(
+        runs / "version_1" / "checkpoints" / "last.ckpt"
+    )
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")  # the job's first start: a new run, recording the job
+    plan = prepare_run(run_config(tmp_path), "fit")
+    assert plan.folder == runs / "version_3" and (plan.folder / JOB_FILE).read_text() == "77\n"

@@ -8,9 +8,11 @@ before anything is built (``prepare_run``). A resumed run logs into its own fold
 runs (MLflow, W&B), whose ids the run records in ``trackers.json``.
 """
 
+import contextlib
 import json
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,7 @@ from project.runtime.faults import report
 
 RUN_FOLDER = re.compile(r"version_(\d+)")
 TRACKERS_FILE = "trackers.json"
+JOB_FILE = "slurm_job.txt"  # the SLURM job that last trained in a run folder: a requeued job finds its run by it
 # The constructor argument that names an existing run, per logger: MLflow's run_id, the others' version.
 RUN_ID_ARGS = ("run_id", "version")
 # Names Trainer.fit/test/... resolve themselves instead of reading a file ("last", "best", "auto" are resolved here).
@@ -35,21 +38,42 @@ class RunFolderError(ValueError):
     """A ``--ckpt_path`` or run folder that cannot be used; the CLI prints it and exits 2."""
 
 
-def prepare_run(config: Namespace, subcommand: str) -> str:
+@dataclass
+class RunPlan:
+    """Where a subcommand's run goes: the file name for this attempt's config (``config.yaml`` on a run's first
+    attempt), and the run folder it continues or claimed (None: Lightning's logger picks it, or there is none)."""
+
+    config_filename: str = "config.yaml"
+    folder: Path | None = None
+    claimed: bool = False
+
+    def release(self) -> None:
+        """Gives back a folder claimed for a run that failed before writing anything into it."""
+        if self.claimed and self.folder is not None:
+            with contextlib.suppress(OSError):  # not empty: the run wrote something, which stays
+                self.folder.rmdir()
+
+
+def prepare_run(config: Namespace, subcommand: str) -> RunPlan:
     """Resolves ``--ckpt_path last|best|auto`` in CONFIG (a subcommand's parsed config), points the loggers at the
-    run it continues, and refuses a fresh fit over an earlier run's checkpoints. Returns the file name for this
-    attempt's config (``config.yaml`` on a run's first attempt). Raises ``RunFolderError``."""
+    run it continues, claims a new run's folder, and refuses a fresh fit over an earlier run's checkpoints. A
+    requeued SLURM job continues its own run. Raises ``RunFolderError``."""
     default_save_dirs(config.trainer)
     if config.ckpt_path == "auto":
-        return resume_if_possible(config)
-    if config.ckpt_path in ("last", "best"):
-        return use_newest_run(config, resume=subcommand == "fit")
-    if subcommand == "fit" and config.ckpt_path is None:
-        return start_new_run(config)
-    return "config.yaml"
+        plan = resume_if_possible(config)
+    elif config.ckpt_path in ("last", "best"):
+        plan = use_newest_run(config, resume=subcommand == "fit")
+    elif subcommand == "fit" and config.ckpt_path is None:
+        plan = start_new_run(config)
+    else:
+        plan = RunPlan()
+    job = slurm_job_id()
+    if subcommand == "fit" and job and plan.folder is not None and is_first_process():
+        (plan.folder / JOB_FILE).write_text(job + "\n")  # a requeue of this job finds its run by it
+    return plan
 
 
-def use_newest_run(config: Namespace, resume: bool) -> str:
+def use_newest_run(config: Namespace, resume: bool) -> RunPlan:
     which = config.ckpt_path
     try:
         found = find_checkpoint(config, which)
@@ -60,10 +84,10 @@ def use_newest_run(config: Namespace, resume: bool) -> str:
         raise RunFolderError(f"--ckpt_path {which}: no run with a last.ckpt in {where}; start one with fit")
     config.ckpt_path, folder = str(found[0]), found[1]
     rank_zero_only(report)(f"{'resuming from' if resume else 'loading'} {config.ckpt_path}")
-    return continue_run(config, folder) if resume and folder is not None else "config.yaml"
+    return continue_run(config, folder) if resume and folder is not None else RunPlan()
 
 
-def resume_if_possible(config: Namespace) -> str:
+def resume_if_possible(config: Namespace) -> RunPlan:
     """``fit --ckpt_path auto``, for jobs that restart themselves (torchrun ``--max-restarts``, Kubernetes): resume
     the newest run when it has a checkpoint, else start. A torchrun restart continues the newest run's folder even
     before its first checkpoint, so it never resumes an older run."""
@@ -81,22 +105,67 @@ def resume_if_possible(config: Namespace) -> str:
     return start_new_run(config)
 
 
-def start_new_run(config: Namespace) -> str:
-    """A fresh fit gets its own run folder; where every run shares one, refuse to write over an earlier run."""
-    root = Path(config.trainer.get("default_root_dir") or ".")
-    # A requeued SLURM job: Lightning resumes from the hpc_ckpt_N.ckpt it saved in default_root_dir.
-    if SLURMEnvironment.detect() and any(root.glob("hpc_ckpt_*.ckpt")):
-        found = find_checkpoint(config, "last")
-        if found is not None and found[1] is not None:  # it continues its run's folder
-            return continue_run(config, found[1])
-        return "config.yaml"
+def start_new_run(config: Namespace) -> RunPlan:
+    """A fresh fit gets its own run folder, claimed atomically; where every run shares one, refuse to write over an
+    earlier run. A requeued SLURM job (``SLURM_RESTART_COUNT`` > 0) continues the run its job started instead."""
+    job, requeues = slurm_job_id(), int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+    if job and requeues > 0 and (folder := job_run_folder(config, job)) is not None:
+        last = folder / "checkpoints" / "last.ckpt"
+        config.ckpt_path = str(last) if last.is_file() else None
+        what = f"resuming from {last}" if config.ckpt_path else "no checkpoint yet: starting over in its folder"
+        rank_zero_only(report)(f"SLURM job {job}, requeued {requeues} time(s): {what}")
+        return continue_run(config, folder)
     fixed = fixed_checkpoint_folder(config)
     if fixed is not None and any(fixed.glob("*.ckpt")):
         raise RunFolderError(
             f"the checkpoint folder already holds an earlier run's checkpoints ({fixed}); resume with"
             " --ckpt_path last, or choose a new --trainer.default_root_dir"
         )
-    return "config.yaml"
+    numbered = fixed is None and versions_folder(config.trainer) is not None
+    if numbered and logger_configs(config.trainer)[0].init_args.get("version") is None and is_first_process():
+        return RunPlan(folder=claim_run_folder(config), claimed=True)
+    return RunPlan()
+
+
+def claim_run_folder(config: Namespace) -> Path:
+    """Creates the next ``version_N`` and points the first logger at it. ``mkdir`` either creates a folder or fails:
+    of fits that start at the same moment into one ``default_root_dir`` (a job array, two jobs), each gets its own.
+    Lightning's logger would pick one above the highest it lists, and two starts could pick the same (#11418)."""
+    root = versions_folder(config.trainer)
+    root.mkdir(parents=True, exist_ok=True)
+    version = max((int(m.group(1)) for p in root.iterdir() if (m := RUN_FOLDER.fullmatch(p.name))), default=-1) + 1
+    while True:
+        try:
+            (root / f"version_{version}").mkdir()
+        except FileExistsError:
+            version += 1
+            continue
+        logger_configs(config.trainer)[0].init_args.version = version
+        return root / f"version_{version}"
+
+
+def is_first_process() -> bool:
+    """Whether this process is the launch's global rank 0, before Lightning knows the ranks: the one that claims
+    folders. Ranks that torchrun, SLURM or Lightning's own launcher start set one of these to their rank."""
+    return all(os.environ.get(name, "0") == "0" for name in ("RANK", "LOCAL_RANK", "NODE_RANK", "SLURM_PROCID"))
+
+
+def slurm_job_id() -> str | None:
+    """This SLURM job's id (``JOB_TASK`` for an array task), when the run is a SLURM job's."""
+    if not SLURMEnvironment.detect():
+        return None
+    array_job = os.environ.get("SLURM_ARRAY_JOB_ID")
+    return f"{array_job}_{os.environ['SLURM_ARRAY_TASK_ID']}" if array_job else os.environ.get("SLURM_JOB_ID")
+
+
+def job_run_folder(config: Namespace, job: str) -> Path | None:
+    """The newest run folder that SLURM job JOB last trained in."""
+    if versions_folder(config.trainer) is None:
+        return None
+    for folder in run_folders(config):
+        if (folder / JOB_FILE).is_file() and (folder / JOB_FILE).read_text().strip() == job:
+            return folder
+    return None
 
 
 def logger_configs(trainer: Namespace) -> list[Namespace]:
@@ -161,9 +230,9 @@ def best_checkpoint(last: Path) -> Path:
     return last.parent / Path(best[0]).name  # the same file, wherever the run folder has moved since
 
 
-def continue_run(config: Namespace, folder: Path) -> str:
-    """Points the loggers at run FOLDER's own runs, so a resumed fit logs where it did before; returns a free name
-    for this attempt's config file (the run's first ``config.yaml`` is kept as it was)."""
+def continue_run(config: Namespace, folder: Path) -> RunPlan:
+    """Points the loggers at run FOLDER's own runs, so a resumed fit logs where it did before; the plan has a free
+    name for this attempt's config file (the run's first ``config.yaml`` is kept as it was)."""
     loggers = logger_configs(config.trainer)
     loggers[0].init_args.version = int(RUN_FOLDER.fullmatch(folder.name).group(1))
     trackers = json.loads((folder / TRACKERS_FILE).read_text()) if (folder / TRACKERS_FILE).is_file() else {}
@@ -173,7 +242,7 @@ def continue_run(config: Namespace, folder: Path) -> str:
         if run_id and arg and logger.class_path.rsplit(".", 1)[-1] == trackers[str(index)]["logger"]:
             logger.init_args[arg] = run_id
     earlier = list(folder.glob("config*.yaml"))
-    return f"config.resume-{len(earlier)}.yaml" if earlier else "config.yaml"
+    return RunPlan(f"config.resume-{len(earlier)}.yaml" if earlier else "config.yaml", folder)
 
 
 def restart_count() -> int:

@@ -1,17 +1,24 @@
-"""When a run goes wrong: name the failed rank, stop every process of the run, stop at the first NaN.
+"""When a run goes wrong: name the failed rank, stop every process of the run, stop at the first NaN, name the rank
+that hangs.
 
-Distributed failures otherwise read as a peer's "Connection reset by peer", or as a hang: with NCCL a rank
-blocked in a collective waits for the process-group timeout (``trainer.strategy.init_args.timeout``).
+Distributed failures otherwise read as a peer's "Connection reset by peer", or as a hang: a rank blocked in a
+collective waits for the process-group timeout (``trainer.strategy.init_args.timeout``), then fails with a message
+that does not say which peer never came.
 """
 
+import contextlib
+import faulthandler
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from lightning.pytorch import Trainer
 
 from project.runtime import lightning_internals as internals
@@ -35,11 +42,18 @@ class FailFast:
     in a collective. torchrun and srun stop the other ranks themselves (srun with ``--kill-on-bad-exit``).
     """
 
+    def __init__(self) -> None:
+        self.heartbeat = Heartbeat()
+
     def on_exception(self, trainer: Trainer, exception: BaseException) -> None:
         where = f"rank {trainer.global_rank}/{trainer.world_size} failed at step {trainer.global_step}"
         report(f"{where}: {type(exception).__name__}: {first_line(exception)}")
         if isinstance(exception, torch.distributed.DistError):
             report(f"rank {trainer.global_rank}: {DIST_HINT}")
+        if trainer.world_size > 1:
+            for line in self.heartbeat.suspects(trainer.world_size):
+                report(f"rank {trainer.global_rank}: {line}")
+        self.heartbeat.stop()
         launched = internals.launched_processes(trainer)
         if launched:
             self._stop_launched_ranks(trainer, launched)
@@ -60,6 +74,87 @@ class FailFast:
 
     def _launcher_is_gone(self) -> bool:
         return wait_until(lambda: os.getppid() != LAUNCHER_PID)
+
+
+class Heartbeat:
+    """Each rank's last step and when it reached it, written to the process group's store by a thread every
+    ``INTERVAL_S``; what the other ranks read when a collective times out, to name the rank that stopped.
+
+    A rank that hangs without dying (SIGSTOP, a dead node, a deadlock outside Python) stops beating; the ranks that
+    wait for it in a collective fail at the process-group timeout, and then name it. Each running rank also prints
+    every thread's stack (``faulthandler``) once when its own steps stall for ``STALL_DUMP_FRACTION`` of the timeout:
+    where it waits. (On NCCL, torch's Flight Recorder records the collectives: ``TORCH_NCCL_DUMP_ON_TIMEOUT=1``.)
+    """
+
+    INTERVAL_S = 2.0
+    STALE_AFTER_S = 3 * INTERVAL_S  # a rank whose beat is older has stopped (the clocks of nodes may differ a little)
+    STALL_DUMP_FRACTION = 0.8
+
+    def __init__(self) -> None:
+        self.step, self.progress_at = 0, time.monotonic()
+        self._store: dist.Store | None = None
+        self._stopped = threading.Event()
+
+    def start(self, trainer: Trainer, timeout: timedelta) -> None:
+        """On every rank, once the process group is up: connect to its store and beat until the run ends."""
+        if trainer.world_size < 2 or "MASTER_ADDR" not in os.environ:
+            return
+        store = dist.TCPStore(
+            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timedelta(seconds=10)
+        )
+        self._store = dist.PrefixStore("project/heartbeat", store)
+        self._store.set(str(trainer.global_rank), f"{trainer.global_step} {time.time()}")  # the first beat, at once
+        self._stopped.clear()
+        stall_s = timeout.total_seconds() * self.STALL_DUMP_FRACTION
+        thread = threading.Thread(target=self._beat, args=(trainer.global_rank, stall_s), daemon=True)
+        thread.start()
+
+    def progressed(self, step: int) -> None:
+        self.step, self.progress_at = step, time.monotonic()
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def _beat(self, rank: int, stall_s: float) -> None:
+        dumped_at = None
+        while not self._stopped.wait(self.INTERVAL_S):
+            with contextlib.suppress(RuntimeError):  # the store's host does not answer: what suspects() reports
+                self._store.set(str(rank), f"{self.step} {time.time()}")
+            stalled = time.monotonic() - self.progress_at
+            if stalled > stall_s and dumped_at != self.progress_at:
+                dumped_at = self.progress_at
+                report(f"rank {rank}: no progress for {stalled:.0f} s at step {self.step}; where each thread waits:")
+                faulthandler.dump_traceback(sys.stderr, all_threads=True)
+
+    def suspects(self, world_size: int) -> list[str]:
+        """Lines naming the ranks that stopped beating, with their last step."""
+        if self._store is None:
+            return []
+        now, beats, silent = time.time(), {}, []
+        for rank in range(world_size):
+            try:
+                if not self._store.check([str(rank)]):  # never beat
+                    silent.append(rank)
+                    continue
+                step, at = self._store.get(str(rank)).decode().split()
+            except RuntimeError:  # the store is gone with its host
+                silent.append(rank)
+                continue
+            beats[rank] = (int(step), now - float(at))
+        if not beats:
+            return ["no rank's heartbeat could be read: the store's host (rank 0) has stopped or is gone"]
+        stopped = [rank for rank, (_, age) in beats.items() if age > self.STALE_AFTER_S] + silent
+        lines = [
+            f"rank {rank} stopped: its last heartbeat was at step {beats[rank][0]}, {beats[rank][1]:.0f} s ago"
+            if rank in beats
+            else f"rank {rank} stopped: no heartbeat from it"
+            for rank in sorted(stopped)
+        ]
+        running = sorted(set(beats) - set(stopped))
+        if running:
+            steps = ", ".join(f"{rank} at step {beats[rank][0]}" for rank in running)
+            lines.append(f"ranks still running: {steps}")
+        return lines
 
 
 class NonFiniteLosses:

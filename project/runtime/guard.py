@@ -49,6 +49,7 @@ class RunGuard(Callback):
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._flops_per_sample, self._peak_flops = None, peak_flops(trainer)
+        self.fail_fast.heartbeat.start(trainer, internals.process_group_timeout(trainer.strategy))
         self.on_train_epoch_start(trainer, pl_module)  # a mid-epoch resume skips on_train_epoch_start
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -58,6 +59,7 @@ class RunGuard(Callback):
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         self._samples += len(batch[-1])
+        self.fail_fast.heartbeat.progressed(trainer.global_step)
         if self._flops_per_sample is None:
             self._measure_flops(trainer, pl_module, batch[0])
         self.non_finite.record(outputs["loss"] if isinstance(outputs, dict) else outputs, trainer)
@@ -87,8 +89,14 @@ class RunGuard(Callback):
             peak = f", peak {self._peak_flops / 1e12:.0f} TFLOP/s per device" if self._peak_flops else ""
             report(f"model FLOPs (forward and backward): {measured:.3g} per sample, {per_step:.3g} per step{peak}")
 
+    def on_validation_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
+        self.fail_fast.heartbeat.progressed(trainer.global_step)  # a long validation is not a stall
+
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.non_finite.check(trainer)
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.fail_fast.heartbeat.stop()
 
     def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
         self.non_finite.check_weights(trainer, checkpoint["state_dict"])

@@ -3,8 +3,8 @@
 Lightning's public API covers almost everything; where it does not, the template reaches past it here and nowhere
 else (``tests/test_boundary.py`` fails when another module does). Each part is one of two kinds:
 
-- **correctness**: SIGTERM preemption, fail-fast, the CSV log a resumed run appends to, torchrun restarts. Without
-  it a run could hang or lose work, so ``check()`` refuses to start and names the part.
+- **correctness**: SIGTERM preemption and SLURM requeue, fail-fast, the CSV log a resumed run appends to, torchrun
+  restarts. Without it a run could hang or lose work, so ``check()`` refuses to start and names the part.
 - **speed**: the forked local ranks (time to first step), the skipped no-op hooks and the shared profiler context
   (per-step overhead), MFU's compute dtype. Without it the run falls back to Lightning's own behaviour, with one
   warning.
@@ -22,6 +22,7 @@ import inspect
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import lightning
@@ -32,6 +33,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.profilers import PassThroughProfiler
 from lightning.pytorch.strategies import DDPStrategy
+from torch.distributed.constants import default_pg_timeout
 
 
 def _private(module: str, name: str) -> Any:
@@ -77,11 +79,13 @@ class Part:
 
 PARTS = (
     Part(
-        "SIGTERM preemption (runtime/preemption.py)",
+        "SIGTERM preemption and SLURM requeue (runtime/preemption.py)",
         True,
-        "_TrainingEpochLoop._broadcast_sigterm_tensor, _SignalConnector._sigterm_notifier_fn",
+        "_TrainingEpochLoop._broadcast_sigterm_tensor, _SignalConnector._sigterm_notifier_fn and"
+        " _slurm_sigusr_handler_fn",
         lambda: (
-            _has(_TrainingEpochLoop, "_broadcast_sigterm_tensor") and _has(_SignalConnector, "_sigterm_notifier_fn")
+            _has(_TrainingEpochLoop, "_broadcast_sigterm_tensor")
+            and _has(_SignalConnector, "_sigterm_notifier_fn", "_slurm_sigusr_handler_fn")
         ),
     ),
     Part(
@@ -196,11 +200,14 @@ def silence_known_noise() -> None:
 # Preemption (runtime/preemption.py): correctness.
 
 
-def take_over_sigterm(trainer: Trainer, handler: Callable[[int, Any], None]) -> None:
-    """Lightning's per-step SIGTERM broadcast does nothing, and HANDLER replaces its SIGTERM handler (called in
-    ``setup("fit")``, before Lightning registers its handlers)."""
+def take_over_signals(
+    trainer: Trainer, on_sigterm: Callable[[int, Any], None], on_requeue: Callable[[int, Any], None]
+) -> None:
+    """Lightning's per-step SIGTERM broadcast does nothing; ON_SIGTERM replaces its SIGTERM handler and ON_REQUEUE its
+    SLURM requeue-signal handler (called in ``setup("fit")``, before Lightning registers its handlers)."""
     trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = lambda: None
-    trainer._signal_connector._sigterm_notifier_fn = handler
+    trainer._signal_connector._sigterm_notifier_fn = on_sigterm
+    trainer._signal_connector._slurm_sigusr_handler_fn = on_requeue
 
 
 def launched_processes(trainer: Trainer) -> list | None:
@@ -248,8 +255,9 @@ def join_process_group(strategy: DDPStrategy, store: dist.Store) -> None:
     )
 
 
-def process_group_timeout(strategy: DDPStrategy) -> Any:
-    return strategy._timeout
+def process_group_timeout(strategy: Any) -> timedelta:
+    """How long a rank waits for its peers (Lightning's DDP, FSDP and model-parallel strategies keep it)."""
+    return getattr(strategy, "_timeout", None) or default_pg_timeout
 
 
 # Throughput (runtime/throughput.py): speed.

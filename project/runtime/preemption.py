@@ -1,8 +1,9 @@
-"""Preemption: on SIGTERM to any rank, every rank stops at the same step, ``last.ckpt`` is saved, the run exits 143.
+"""Preemption and requeue: on SIGTERM or SLURM's requeue signal to any rank, every rank stops at the same step and
+``last.ckpt`` is saved; on the requeue signal the job is requeued too. The run exits 143.
 
 SLURM (``scancel``, a time limit, preemption) and Kubernetes (eviction, a deleted pod) send SIGTERM, then
 SIGKILL after a grace period. Lightning 2.6 handles SIGTERM with two private pieces that this file replaces (through
-``lightning_internals.take_over_sigterm``):
+``lightning_internals.take_over_signals``):
 
 - ``_TrainingEpochLoop._broadcast_sigterm_tensor``: a broadcast and an ``.item()`` at the start of every training
   step of a multi-process run (Lightning-AI/pytorch-lightning#21487): one collective per step, and on GPUs one
@@ -14,7 +15,14 @@ SIGKILL after a grace period. Lightning 2.6 handles SIGTERM with two private pie
 Every ``every_n_steps`` training steps, at the same step on every rank, the ranks sum their flags over a CPU
 (gloo) group: a host-side exchange, never a GPU sync. When any rank was signalled, every rank stops after that step,
 rank 0 saves ``last.ckpt`` through ModelCheckpoint's path and the checkpoint IO (atomic, RNG states included), and
-every process exits with ``PREEMPTED_EXIT_CODE``. Lightning's SLURM auto-requeue (SIGUSR1) is left as it is.
+every process exits with ``PREEMPTED_EXIT_CODE``.
+
+SLURM's time-limit warning (``#SBATCH --signal=SIGUSR1@120`` in ``scripts/slurm.sbatch``) goes the same way. Lightning's
+own handler (``_SignalConnector._slurm_sigusr_handler_fn``) saves ``hpc_ckpt_N.ckpt`` from inside the signal handler,
+in the middle of a step and of whatever collective the ranks are in: it hung a 2-node job for the process-group
+timeout, and a requeued job resumed one optimizer step short. Here the handler only sets a flag; at the next agreed
+step every rank stops, rank 0 saves ``last.ckpt``, requeues the job (``scontrol requeue``) while every rank waits, and
+every process exits. The requeued job resumes from its run's ``last.ckpt`` (``runs/folders.py``).
 """
 
 import os
@@ -33,62 +41,92 @@ from project.runtime.faults import report
 # 128 + SIGTERM, what shells, SLURM and Kubernetes report for a process that SIGTERM ended: schedulers and scripts
 # read "terminated before the end" (requeue, or resume with --ckpt_path last), not success (0) nor a crash (1).
 PREEMPTED_EXIT_CODE = 128 + signal.SIGTERM
+SIGTERM_FLAG, REQUEUE_FLAG = 1, 2  # a rank's flags, summed across ranks: each rank writes only its own slot
 # How long rank 0 waits for the ranks it launched to exit after a stop (they only tear down), before killing them.
 LAUNCHED_RANKS_EXIT_S = 30.0
 
 
 class Preempted(SystemExit):
-    """Every rank stopped on SIGTERM after saving; ends the process with ``PREEMPTED_EXIT_CODE``."""
+    """Every rank stopped on SIGTERM or the requeue signal after saving; ends the process with
+    ``PREEMPTED_EXIT_CODE``."""
 
     def __init__(self) -> None:
         super().__init__(PREEMPTED_EXIT_CODE)
 
 
 class PreemptionCheck:
-    """The SIGTERM flag, its exchange every ``every_n_steps`` steps, and the stop. Driven by ``RunGuard``."""
+    """The signal flags, their exchange every ``every_n_steps`` steps, and the stop. Driven by ``RunGuard``."""
 
     def __init__(self, every_n_steps: int = 50) -> None:
         if every_n_steps < 1:
             raise ValueError(f"preemption_check_every_n_steps must be >= 1, got {every_n_steps}")
         self.every_n_steps = every_n_steps
-        self.signalled = False
+        self.signalled = 0
         self._steps = 0
         self._group: dist.ProcessGroup | None = None
 
     def install(self, trainer: Trainer) -> None:
         """Called in ``setup("fit")`` on every rank: after the process group, before Lightning registers handlers."""
-        internals.take_over_sigterm(trainer, self._on_sigterm)
-        self.signalled, self._steps = False, 0
+        internals.take_over_signals(trainer, on_sigterm=self._on_sigterm, on_requeue=self._on_requeue)
+        self.signalled, self._steps = 0, 0
         if trainer.world_size > 1:  # every rank creates the group, as new_group requires
             gloo = dist.get_backend() == dist.Backend.GLOO
             self._group = dist.group.WORLD if gloo else dist.new_group(backend=dist.Backend.GLOO)
 
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
-        self.signalled = True  # nothing else: no I/O, no collective inside a signal handler
+        self.signalled |= SIGTERM_FLAG  # nothing else: no I/O, no collective inside a signal handler
+
+    def _on_requeue(self, signum: int, frame: FrameType | None) -> None:
+        self.signalled |= REQUEUE_FLAG
 
     def after_step(self, trainer: Trainer) -> None:
         """After each training step: on a check step, stop every rank if any rank was signalled."""
         self._steps += 1
         if self._group is None:  # one process: nothing to agree on, so every step
             if self.signalled:
-                self._stop(trainer, [trainer.global_rank])
+                self._stop(trainer, [self.signalled])
         elif self._steps % self.every_n_steps == 0:
             flags = torch.zeros(trainer.world_size, dtype=torch.int32)
             flags[trainer.global_rank] = self.signalled
             dist.all_reduce(flags, group=self._group)
-            if signalled_ranks := flags.nonzero().flatten().tolist():
-                self._stop(trainer, signalled_ranks)
+            if flags.any():
+                self._stop(trainer, flags.tolist())
 
-    def _stop(self, trainer: Trainer, signalled_ranks: list[int]) -> None:
+    def _stop(self, trainer: Trainer, flags: list[int]) -> None:
         launched = detach_launched_ranks(trainer)
         save_last_checkpoint(trainer)
+        requeue = any(flag & REQUEUE_FLAG for flag in flags)
+        if requeue:
+            requeued = trainer.strategy.broadcast(requeue_slurm_job() if trainer.is_global_zero else None)
+            next_step = f"job {requeued} requeued: it resumes by itself" if requeued else "requeue failed: resubmit it"
+        else:
+            next_step = "resume with --ckpt_path last"
         saved = f", saved {trainer.checkpoint_callback.last_model_path}" if trainer.checkpoint_callback else ""
+        signalled = [f"rank {rank}" for rank, flag in enumerate(flags) if flag] if len(flags) > 1 else ["this rank"]
         report(
-            f"rank {trainer.global_rank}: SIGTERM on rank {', '.join(map(str, signalled_ranks))}: stopped at step"
-            f" {trainer.global_step}{saved}; exiting with {PREEMPTED_EXIT_CODE} (resume with --ckpt_path last)"
+            f"rank {trainer.global_rank}: {'the requeue signal' if requeue else 'SIGTERM'} on {', '.join(signalled)}:"
+            f" stopped at step {trainer.global_step}{saved}; {next_step}; exiting with {PREEMPTED_EXIT_CODE}"
         )
         wait_for(launched, trainer)
         raise Preempted
+
+
+def requeue_slurm_job() -> str | None:
+    """``scontrol requeue`` of this SLURM job (or array task); its id, or None when it could not be requeued."""
+    array_job = os.environ.get("SLURM_ARRAY_JOB_ID")
+    job = f"{array_job}_{os.environ['SLURM_ARRAY_TASK_ID']}" if array_job else os.environ.get("SLURM_JOB_ID")
+    if job is None:
+        report("the requeue signal outside a SLURM job: not requeued")
+        return None
+    try:
+        done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        report(f"scontrol requeue {job} failed: {error}")
+        return None
+    if done.returncode != 0:
+        report(f"scontrol requeue {job} failed ({done.returncode}): {done.stderr.strip()}")
+        return None
+    return job
 
 
 def save_last_checkpoint(trainer: Trainer) -> None:
