@@ -4,12 +4,18 @@ Each trial is a real ``python -m project fit`` (any number of processes, whateve
 values as command-line flags. The study lives in a database (SQLite by default), so a stopped sweep resumes where it
 was and several machines can share one study. Trials report ``val_acc`` every epoch; the pruner stops poor ones
 early (``OptunaPruning``, added to each trial's callbacks). The best trial's config is written out, ready to rerun.
+
+On a SLURM cluster, ``--slurm-array K`` submits the trials as a job array (``scripts/slurm_sweep.sbatch``), K at a
+time, each array task one trial on the resources ``--sbatch`` gives it (any number of nodes); the study's database
+(SQLite by default) lies on the shared folder. The command waits for the array, then writes the best config.
 """
 
 import argparse
 import contextlib
 import io
 import json
+import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -87,8 +93,23 @@ def check_keys(fit_args: list[str], space: dict[str, Any]) -> None:
             raise SystemExit(2) from None
 
 
+def slurm_launch() -> tuple[list[str], list[str]]:
+    """Inside a SLURM job, the fit runs as every task of the allocation (what scripts/slurm.sbatch does): srun before
+    the command, the allocation's nodes and tasks per node after it. Elsewhere, nothing."""
+    if "SLURM_JOB_ID" not in os.environ or "SLURM_NNODES" not in os.environ:
+        return [], []
+    tasks = os.environ.get("SLURM_NTASKS_PER_NODE", "1").split("(")[0]  # "2(x3)": 2 tasks on each of 3 nodes
+    return ["srun", "--kill-on-bad-exit=1"], [
+        "--trainer.num_nodes",
+        os.environ["SLURM_NNODES"],
+        "--trainer.devices",
+        tasks,
+    ]
+
+
 def run_trial(trial: Any, study_name: str, storage: str, fit_args: list[str], root: Path) -> Any:
-    """One real fit of this template; returns the trial's final state and value."""
+    """One real fit of this template (as every task of a SLURM job's allocation, inside one); returns the trial's
+    final state and value."""
     from optuna.trial import TrialState
 
     run_dir = root / f"trial-{trial.number}"
@@ -97,7 +118,9 @@ def run_trial(trial: Any, study_name: str, storage: str, fit_args: list[str], ro
         *("--trainer.callbacks.storage", storage, "--trainer.callbacks.study_name", study_name),
         *("--trainer.callbacks.trial_number", str(trial.number)),
     ]
-    command = [sys.executable, "-m", "project", "fit", *fit_args, "--trainer.default_root_dir", str(run_dir)]
+    launcher, allocation = slurm_launch()
+    command = [*launcher, sys.executable, "-m", "project", "fit", *fit_args, *allocation]
+    command += ["--trainer.default_root_dir", str(run_dir)]
     print(f"[sweep] trial {trial.number}: {json.dumps(trial.params)}", flush=True)
     result = subprocess.run([*command, *flags(trial.params), *pruning])
     trial.set_user_attr("run_dir", str(run_dir))
@@ -124,6 +147,24 @@ def write_best_config(study: Any, path: Path) -> None:
     print(f"[sweep] best: trial {best.number}, {OBJECTIVE} {best.value:.4f}, {best.params}; config: {path}")
 
 
+def submit_array(args: argparse.Namespace, fit_args: list[str], trials: int) -> None:
+    """Submits TRIALS array tasks, each running ``sweep --one-trial`` with this sweep's arguments, and waits for them
+    (``sbatch --wait``); a failed trial is the study's to record, so the sweep goes on to its best config."""
+    if trials < 1:
+        return
+    sweep = ["--space", str(args.space), "--trials", str(args.trials), "--study", args.study]
+    sweep += ["--storage", args.storage, "--root", str(args.root), "--seed", str(args.seed), "--", *fit_args]
+    array = f"--array=0-{trials - 1}%{args.slurm_array}"
+    command = ["sbatch", "--wait", "--parsable", array, *shlex.split(args.sbatch), str(args.sbatch_script), *sweep]
+    print(
+        f"[sweep] {trials} trials as a SLURM job array, {args.slurm_array} at once: {shlex.join(command)}", flush=True
+    )
+    done = subprocess.run(command, capture_output=True, text=True)
+    print(f"[sweep] job array {done.stdout.strip() or '(not submitted)'} ended with {done.returncode}", flush=True)
+    if not done.stdout.strip():
+        raise SystemExit(f"[sweep] sbatch failed: {done.stderr.strip()}")
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m project sweep", description=__doc__.splitlines()[0])
     parser.add_argument("--space", type=Path, required=True, help="YAML: CLI key -> {low, high[, log]} or {choices}")
@@ -132,8 +173,16 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--storage", default="sqlite:///runs/sweep.db", help="Optuna storage URL")
     parser.add_argument("--root", type=Path, default=Path("runs/sweep"), help="trial run folders go under ROOT/STUDY")
     parser.add_argument("--seed", type=int, default=0, help="seeds the sampler")
+    parser.add_argument(
+        "--slurm-array", type=int, metavar="K", help="submit the trials as a SLURM job array, K at once"
+    )
+    parser.add_argument("--sbatch", default="", help="sbatch options for each trial, e.g. '--nodes=2 --time=1:00:00'")
+    parser.add_argument("--sbatch-script", type=Path, default=Path("scripts/slurm_sweep.sbatch"), help="%(default)s")
+    parser.add_argument("--one-trial", action="store_true", help="run one trial and stop (what each array task does)")
     parser.add_argument("fit_args", nargs=argparse.REMAINDER, help="-- then the fit command's flags (--config ...)")
     args = parser.parse_args(argv)
+    if args.slurm_array is not None and (args.slurm_array < 1 or not args.sbatch_script.is_file()):
+        parser.error(f"--slurm-array needs K >= 1 and the array script {args.sbatch_script}")
     fit_args = args.fit_args[1:] if args.fit_args[:1] == ["--"] else args.fit_args
     try:
         import optuna
@@ -157,10 +206,16 @@ def main(argv: list[str]) -> int:
         parser.error(f"study {args.study!r} in {args.storage} was started with another space or fit command")
     study.set_user_attr("definition", definition)
     finished = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL)
+    if args.slurm_array is not None:
+        submit_array(args, fit_args, args.trials - len(study.get_trials(states=finished)))
     while len(study.get_trials(states=finished)) < args.trials:
         trial = study.ask(space)
         state, value = run_trial(trial, args.study, args.storage, fit_args, args.root / args.study)
         study.tell(trial, value, state=state)
+        if args.one_trial:
+            return 0
+    if args.one_trial:
+        return 0
     if not study.get_trials(states=(optuna.trial.TrialState.COMPLETE,)):
         print("[sweep] no trial completed", file=sys.stderr)
         return 1
