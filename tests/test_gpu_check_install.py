@@ -66,7 +66,7 @@ def test_the_offline_gpu_node_install_gives_a_working_cli(tmp_path):
     python = str(node / "bin" / "python")
     installed = subprocess.run([python, "-m", "pip", "list"], env=env, capture_output=True, text=True).stdout
     assert re.search(r"^torch\s+2\.14\.1", installed, re.MULTILINE)  # the node's own torch, not replaced
-    doctor = subprocess.run([python, "-m", "project", "doctor"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    doctor = subprocess.run([python, "-m", "project", "doctor"], env=env, capture_output=True, text=True)
     assert doctor.returncode == 0, doctor.stderr[-3000:]
     assert "ok  correctness SIGTERM preemption and SLURM requeue" in doctor.stdout
     flags = ["--trainer.max_epochs", "1", "--trainer.default_root_dir", str(tmp_path / "run")]
