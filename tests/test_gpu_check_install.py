@@ -66,15 +66,12 @@ def test_the_offline_gpu_node_install_gives_a_working_cli(tmp_path):
     python = str(node / "bin" / "python")
     installed = subprocess.run([python, "-m", "pip", "list"], env=env, capture_output=True, text=True).stdout
     assert re.search(r"^torch\s+2\.14\.1", installed, re.MULTILINE)  # the node's own torch, not replaced
-    doctor = subprocess.run([python, "-m", "project", "doctor"], env=env, capture_output=True, text=True)
+    outside = {"cwd": tmp_path, "env": env, "capture_output": True, "text": True}  # the installed copy, not ./project
+    doctor = subprocess.run([python, "-m", "project", "doctor"], **outside)
     assert doctor.returncode == 0, doctor.stderr[-3000:]
     assert "ok  correctness SIGTERM preemption and SLURM requeue" in doctor.stdout
     flags = ["--trainer.max_epochs", "1", "--trainer.default_root_dir", str(tmp_path / "run")]
     fit = subprocess.run(
-        [python, "-m", "project", "fit", "--config", str(checkout / "configs" / "digits.yaml"), *flags],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
+        [python, "-m", "project", "fit", "--config", str(checkout / "configs/digits.yaml"), *flags], **outside
     )
     assert fit.returncode == 0, fit.stderr[-3000:]
