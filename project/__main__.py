@@ -1,13 +1,17 @@
 """``python -m project COMMAND``: the Lightning commands (fit, validate, test, predict: cli.py), ``doctor``
-(runtime/doctor.py) and ``sweep`` (runs/sweep.py)."""
+(runtime/doctor.py), ``sweep`` (runs/sweep.py) and ``consolidate SHARDED_CHECKPOINT OUTPUT`` (runs/checkpointing.py)."""
 
+import argparse
 import sys
+from pathlib import Path
 
 import torch.distributed as dist
 
 from project.cli import build_cli, program_name
+from project.runs import checkpointing
 from project.runtime import doctor
 from project.runtime.lightning_internals import LightningMismatch, silence_known_noise
+from project.runtime.preemption import EarlyRequeueSignal
 
 
 def main(args: list[str] | None = None) -> None:
@@ -20,6 +24,9 @@ def main(args: list[str] | None = None) -> None:
         from project.runs import sweep  # Optuna is an optional extra
 
         sys.exit(sweep.main(argv[1:]))
+    if argv[:1] == ["consolidate"]:
+        sys.exit(consolidate(argv[1:]))
+    EarlyRequeueSignal.catch()
     try:
         build_cli(args, prog=program_name(sys.argv[0]))
     except LightningMismatch as error:
@@ -30,6 +37,22 @@ def main(args: list[str] | None = None) -> None:
         # interpreter's exit, gloo's threads can abort it (pytorch/pytorch#190489).
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def consolidate(argv: list[str]) -> int:
+    """A sharded (FSDP2) checkpoint as one file, for export or a run without FSDP."""
+    parser = argparse.ArgumentParser(prog="python -m project consolidate", description=consolidate.__doc__)
+    parser.add_argument("checkpoint", type=Path, help="a sharded checkpoint's folder, e.g. .../checkpoints/last.ckpt")
+    parser.add_argument("output", type=Path, help="the single-file checkpoint to write")
+    args = parser.parse_args(argv)
+    if not checkpointing.is_sharded(args.checkpoint):
+        parser.error(f"{args.checkpoint} is not a sharded checkpoint's folder (with a .metadata file)")
+    try:
+        checkpointing.consolidate(args.checkpoint, args.output)
+    except checkpointing.CheckpointError as error:
+        parser.error(str(error))
+    print(f"{args.checkpoint} consolidated into {args.output}")
+    return 0
 
 
 if __name__ == "__main__":

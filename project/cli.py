@@ -20,7 +20,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from project.data import BaseDataModule
 from project.module import ClassificationModule
 from project.runs import folders
-from project.runs.checkpointing import AtomicCheckpointIO, CheckpointError, load_checkpoint_file
+from project.runs.checkpointing import AtomicCheckpointIO, CheckpointError, check_checkpoint
 from project.runs.outputs import PredictionsWriter, ProgressBar, TestMetricsWriter
 from project.runtime import lightning_internals as internals
 from project.runtime.guard import RunGuard
@@ -31,6 +31,7 @@ PROGRESS_BAR_REFRESH_RATE = 2  # batches between redraws: the bar's thread compe
 
 class ProjectCLI(LightningCLI):
     run_plan = folders.RunPlan()  # where the subcommand's run goes (runs/folders.py)
+    checkpoint_shapes: dict[str, tuple[int, ...]] | None = None  # of --ckpt_path's weights, read before building
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
@@ -53,7 +54,7 @@ class ProjectCLI(LightningCLI):
             self.run_plan = folders.prepare_run(config, subcommand)
             self.save_config_kwargs["config_filename"] = self.run_plan.config_filename
             if config.ckpt_path and config.ckpt_path not in folders.LIGHTNING_CKPT_ALIASES:
-                load_checkpoint_file(config.ckpt_path, mmap=True)  # mmap: reads the structure, not every tensor
+                self.checkpoint_shapes = check_checkpoint(config.ckpt_path)
         except (folders.RunFolderError, CheckpointError) as error:
             self.run_plan.release()
             parser.error(str(error))
@@ -64,9 +65,21 @@ class ProjectCLI(LightningCLI):
             with one_thread():
                 super().instantiate_classes()
             self.check_distributed_settings()
+            self.check_checkpoint_fits()
         except (MisconfigurationException, ValueError, TypeError) as error:
             self.run_plan.release()
             self.parser.error(f"invalid configuration: {error}")
+
+    def check_checkpoint_fits(self) -> None:
+        """Refuses, before anything runs, a checkpoint whose weights are not this network's (another architecture)."""
+        if self.checkpoint_shapes is None:
+            return
+        ours = {key: tuple(value.shape) for key, value in self.model.state_dict().items()}
+        if ours != self.checkpoint_shapes:
+            differ = sorted(set(ours.items()) ^ set(self.checkpoint_shapes.items()))[:3]
+            raise ValueError(
+                f"the checkpoint holds another network's weights than the config's: {', '.join(map(str, differ))}"
+            )
 
     def check_distributed_settings(self) -> None:
         """Checks now what Lightning and torch check only after processes start, with a traceback or a hang."""

@@ -14,6 +14,8 @@ from torch import Tensor, nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
+from project.runtime.sharding import FSDP2Strategy
+
 
 class ClassificationModule(LightningModule):
     """Classifies with ``network``; ``optimizer`` and ``scheduler`` come from config.
@@ -59,11 +61,14 @@ class ClassificationModule(LightningModule):
         self.test_loss = MeanMetric()
 
     def configure_model(self) -> None:
-        """The speed switches, applied once per process before training or evaluation starts."""
+        """The speed switches and, under FSDP2 (configs/fsdp.yaml), the network's sharding by the strategy's policy:
+        applied once per process before training or evaluation starts."""
         if self.hparams.matmul_precision:
             torch.set_float32_matmul_precision(self.hparams.matmul_precision)
         if self.channels_last:
             self.network.to(memory_format=torch.channels_last)
+        if isinstance(self.trainer.strategy, FSDP2Strategy):
+            self.trainer.strategy.shard(self.network)
         if self.hparams.compile:
             self.network.compile(**(self.hparams.compile if isinstance(self.hparams.compile, dict) else {}))
 

@@ -4,6 +4,7 @@ a rank counts its collectives."""
 import json
 import os
 import signal
+import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -39,6 +40,18 @@ class FailAt(Callback):
             os.kill(os.getpid(), getattr(signal, self.action.upper()))
             return
         raise RuntimeError(f"injected failure on rank {trainer.global_rank} at step {self.step}")
+
+
+class SlowSteps(Callback):
+    """Sleeps SECONDS after every training step (the numbers are unchanged): a job that runs long enough for a
+    scheduler's signal to reach it mid-training. ``first_attempt_only``: not in a requeued SLURM job."""
+
+    def __init__(self, seconds: float, first_attempt_only: bool = True) -> None:
+        restarted = os.environ.get("SLURM_RESTART_COUNT", "0") != "0"
+        self.seconds = 0.0 if first_attempt_only and restarted else seconds
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: object) -> None:
+        time.sleep(self.seconds)
 
 
 COLLECTIVES = (

@@ -3,11 +3,18 @@
 What a checkpoint restores: weights, optimizer and scheduler state, the loops' progress (epoch, step,
 batch within the epoch), the in-memory loader's position (``TensorBatchLoader``) and, through
 ``gather_rng_states``, every rank's torch/CUDA/numpy/random generator states.
+
+Two forms: a single file (DDP, one process), and a sharded folder (FSDP2, ``runtime/sharding.py``): torch's distributed
+checkpoint (``.metadata`` and one ``__R_0.distcp`` shard per rank) with ``meta.pt`` beside it for the rest. A sharded
+checkpoint loads on another number of ranks (DCP reshards), in a plain DDP or one-process run (gathered in memory), and
+``python -m project consolidate`` turns it into a single file.
 """
 
 import os
 import pickle
 import random
+import tempfile
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +28,103 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from project.runtime.faults import first_line
 
+METADATA_FILE = "meta.pt"  # beside a sharded checkpoint's shards: what is not a tensor shard (Lightning's name)
+
 
 class CheckpointError(ValueError):
     """A checkpoint file that is missing, unreadable, or holds more than weights."""
+
+
+def is_sharded(path: str | Path) -> bool:
+    return Path(path).is_dir() and (Path(path) / ".metadata").is_file()
+
+
+def check_checkpoint(path: str | Path) -> dict[str, tuple[int, ...]]:
+    """Refuses a checkpoint that is missing, unreadable or incomplete (a sharded one with a missing or cut-short
+    shard), before anything is built; returns the shape of each of its weights."""
+    path = Path(path)
+    if path.is_dir():
+        check_sharded(path)
+        from torch.distributed.checkpoint import FileSystemReader
+
+        tensors = FileSystemReader(path).read_metadata().state_dict_metadata
+        prefix = "state_dict."
+        return {key[len(prefix) :]: tuple(meta.size) for key, meta in tensors.items() if key.startswith(prefix)}
+    state_dict = load_checkpoint_file(path, mmap=True).get("state_dict", {})  # mmap: the structure, not every tensor
+    return {key: tuple(value.shape) for key, value in state_dict.items()}
+
+
+def check_sharded(path: Path) -> None:
+    """Every shard ``.metadata`` names is there and long enough, and ``meta.pt`` too."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    if not (path / METADATA_FILE).is_file():
+        raise CheckpointError(f"sharded checkpoint {path} is incomplete: {METADATA_FILE} is missing")
+    try:
+        storage = FileSystemReader(path).read_metadata().storage_data
+    except Exception as error:  # a cut-short or foreign .metadata: torch raises whatever unpickling raised
+        raise CheckpointError(f"sharded checkpoint {path}: .metadata is unreadable ({first_line(error)})") from error
+    needed: dict[str, int] = defaultdict(int)
+    for item in storage.values():
+        needed[item.relative_path] = max(needed[item.relative_path], item.offset + item.length)
+    for name, size in sorted(needed.items()):
+        shard = path / name
+        if not shard.is_file():
+            raise CheckpointError(f"sharded checkpoint {path} is incomplete: shard {name} is missing")
+        if shard.stat().st_size < size:
+            raise CheckpointError(f"sharded checkpoint {path} is incomplete: shard {name} is cut short")
+
+
+def checkpoint_meta(path: str | Path) -> dict[str, Any]:
+    """What a checkpoint holds besides tensors' contents (loops, callbacks' state), file or sharded folder alike."""
+    path = Path(path)
+    return load_checkpoint_file(path / METADATA_FILE if path.is_dir() else path, mmap=True)
+
+
+def load_sharded_as_full(path: Path) -> dict[str, Any]:
+    """A sharded checkpoint as a single-file one, in this process's memory (no process group needed): full weights,
+    optimizer states keyed as ``torch.optim`` keys them."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    check_sharded(path)
+    with tempfile.TemporaryDirectory(dir=path.parent) as scratch:
+        dcp_to_torch_save(path, Path(scratch) / "full.pt")
+        tensors = load_checkpoint_file(Path(scratch) / "full.pt")
+    checkpoint = load_checkpoint_file(path / METADATA_FILE)
+    checkpoint["state_dict"] = tensors.pop("state_dict")
+    count = sum(key.startswith("optimizer_") for key in tensors)
+    checkpoint["optimizer_states"] = [by_position(tensors[f"optimizer_{index}"]) for index in range(count)]
+    return checkpoint
+
+
+def by_position(state: dict[str, Any]) -> dict[str, Any]:
+    """An optimizer state keyed by parameter name (how DCP saves it) keyed by position, as ``load_state_dict`` wants."""
+    positions: dict[str, int] = {}
+    groups = [{**group, "params": [positions.setdefault(n, len(positions)) for n in group["params"]]}
+              for group in state["param_groups"]]  # fmt: skip
+    return {"state": {positions[name]: value for name, value in state["state"].items()}, "param_groups": groups}
+
+
+def consolidate(path: Path, output: Path) -> None:
+    """Writes sharded checkpoint PATH as one file OUTPUT (for export, or a run without FSDP), atomically."""
+    AtomicCheckpointIO().save_checkpoint(load_sharded_as_full(path), output)
+
+
+def fsync_folder(folder: Path) -> None:
+    """Makes a rename inside FOLDER durable."""
+    descriptor = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def recover_interrupted_save(path: Path) -> None:
+    """A sharded save killed between its two renames (``runtime/sharding.py``) leaves ``.NAME.old`` (the previous
+    checkpoint) and ``.NAME.partial`` (complete: the renames start once every rank has written) but no NAME."""
+    partial, old = path.with_name(f".{path.name}.partial"), path.with_name(f".{path.name}.old")
+    if not path.exists() and old.is_dir():
+        os.rename(partial if is_sharded(partial) and (partial / METADATA_FILE).is_file() else old, path)
 
 
 def load_checkpoint_file(path: str | Path, map_location: Any = "cpu", mmap: bool = False) -> dict[str, Any]:

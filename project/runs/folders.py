@@ -22,7 +22,7 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.utilities import rank_zero_only
 
-from project.runs.checkpointing import load_checkpoint_file
+from project.runs.checkpointing import checkpoint_meta, recover_interrupted_save
 from project.runtime.faults import report
 
 RUN_FOLDER = re.compile(r"version_(\d+)")
@@ -215,15 +215,16 @@ def find_checkpoint(config: Namespace, which: str) -> tuple[Path, Path | None] |
     fixed = fixed_checkpoint_folder(config)
     candidates = [(fixed, None)] if fixed else [(folder / "checkpoints", folder) for folder in run_folders(config)]
     for checkpoints, folder in candidates:
-        if (checkpoints / "last.ckpt").is_file():
-            last = checkpoints / "last.ckpt"
+        last = checkpoints / "last.ckpt"  # a file, or a sharded checkpoint's folder (FSDP2)
+        recover_interrupted_save(last)
+        if last.exists():
             return (last if which == "last" else best_checkpoint(last)), folder
     return None
 
 
 def best_checkpoint(last: Path) -> Path:
     """The best checkpoint ModelCheckpoint recorded in LAST (its state travels in every checkpoint it writes)."""
-    states = load_checkpoint_file(last, mmap=True).get("callbacks", {})
+    states = checkpoint_meta(last).get("callbacks", {})
     best = [state["best_model_path"] for key, state in states.items() if key.startswith("ModelCheckpoint")]
     if not best or not best[0]:
         raise ValueError(f"--ckpt_path best: {last} records no best checkpoint (is checkpoint.monitor set?)")

@@ -153,7 +153,8 @@ def submit_array(args: argparse.Namespace, fit_args: list[str], trials: int) -> 
     if trials < 1:
         return
     sweep = ["--space", str(args.space), "--trials", str(args.trials), "--study", args.study]
-    sweep += ["--storage", args.storage, "--root", str(args.root), "--seed", str(args.seed), "--", *fit_args]
+    sweep += ["--storage", args.storage, "--root", str(args.root), "--seed", str(args.seed)]
+    sweep += ["--prune" if args.prune else "--no-prune", "--", *fit_args]
     array = f"--array=0-{trials - 1}%{args.slurm_array}"
     command = ["sbatch", "--wait", "--parsable", array, *shlex.split(args.sbatch), str(args.sbatch_script), *sweep]
     print(
@@ -173,6 +174,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--storage", default="sqlite:///runs/sweep.db", help="Optuna storage URL")
     parser.add_argument("--root", type=Path, default=Path("runs/sweep"), help="trial run folders go under ROOT/STUDY")
     parser.add_argument("--seed", type=int, default=0, help="seeds the sampler")
+    parser.add_argument("--prune", action=argparse.BooleanOptionalAction, default=True, help="stop poor trials early")
     parser.add_argument(
         "--slurm-array", type=int, metavar="K", help="submit the trials as a SLURM job array, K at once"
     )
@@ -198,7 +200,7 @@ def main(argv: list[str]) -> int:
         storage=args.storage,
         direction="maximize",
         sampler=optuna.samplers.TPESampler(seed=args.seed),
-        pruner=optuna.pruners.MedianPruner(n_startup_trials=2),
+        pruner=optuna.pruners.MedianPruner(n_startup_trials=2) if args.prune else optuna.pruners.NopPruner(),
         load_if_exists=True,
     )
     definition = json.dumps({"space": {k: repr(v) for k, v in space.items()}, "fit_args": fit_args}, sort_keys=True)

@@ -32,7 +32,7 @@ from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.profilers import PassThroughProfiler
-from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
 from torch.distributed.constants import default_pg_timeout
 
 
@@ -127,6 +127,12 @@ PARTS = (
             _calls(getattr(_call, "_call_callback_hooks", None), "if callable(fn)")
             and _calls(getattr(_call, "_call_lightning_module_hook", None), "if not callable(fn)")
         ),
+    ),
+    Part(
+        "FSDP2 over every rank (runtime/sharding.py)",
+        True,
+        "ModelParallelStrategy._data_parallel_size, read by its setup_environment",
+        lambda: _calls(ModelParallelStrategy.setup_environment, "self._data_parallel_size"),
     ),
     Part(
         "MFU beside samples/s (runtime/throughput.py)",
@@ -258,6 +264,12 @@ def join_process_group(strategy: DDPStrategy, store: dist.Store) -> None:
 def process_group_timeout(strategy: Any) -> timedelta:
     """How long a rank waits for its peers (Lightning's DDP, FSDP and model-parallel strategies keep it)."""
     return getattr(strategy, "_timeout", None) or default_pg_timeout
+
+
+def set_mesh_sizes(strategy: Any, data_parallel_size: int) -> None:
+    """Every rank on ``ModelParallelStrategy``'s data-parallel dimension (its "auto" puts the local ranks on the
+    tensor-parallel one); set before its ``setup_environment`` builds the mesh."""
+    strategy._data_parallel_size = data_parallel_size
 
 
 # Throughput (runtime/throughput.py): speed.

@@ -33,6 +33,7 @@ from types import FrameType
 
 import torch
 import torch.distributed as dist
+from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch import Trainer
 
 from project.runtime import lightning_internals as internals
@@ -68,7 +69,8 @@ class PreemptionCheck:
     def install(self, trainer: Trainer) -> None:
         """Called in ``setup("fit")`` on every rank: after the process group, before Lightning registers handlers."""
         internals.take_over_signals(trainer, on_sigterm=self._on_sigterm, on_requeue=self._on_requeue)
-        self.signalled, self._steps = 0, 0
+        self.signalled, self._steps = REQUEUE_FLAG if EarlyRequeueSignal.received else 0, 0
+        EarlyRequeueSignal.check = self
         if trainer.world_size > 1:  # every rank creates the group, as new_group requires
             gloo = dist.get_backend() == dist.Backend.GLOO
             self._group = dist.group.WORLD if gloo else dist.new_group(backend=dist.Backend.GLOO)
@@ -109,6 +111,28 @@ class PreemptionCheck:
         )
         wait_for(launched, trainer)
         raise Preempted
+
+
+class EarlyRequeueSignal:
+    """SLURM's requeue signal (SIGUSR1) from the command's start: it may come before training does (a big job's
+    start-up can take minutes, and SLURM sends it up to a minute early), and its default action ends the process.
+    Caught from the start, it counts for the run's first check. Lightning then registers no handler of its own (one is
+    there), so this one passes the signal to the run's ``PreemptionCheck``."""
+
+    received = False
+    check: PreemptionCheck | None = None
+
+    @classmethod
+    def catch(cls) -> None:
+        if SLURMEnvironment.detect() and signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL:
+            signal.signal(signal.SIGUSR1, cls.handle)
+
+    @classmethod
+    def handle(cls, signum: int, frame: FrameType | None) -> None:
+        if cls.check is None:
+            cls.received = True
+        else:
+            cls.check._on_requeue(signum, frame)
 
 
 def requeue_slurm_job() -> str | None:

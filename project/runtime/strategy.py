@@ -9,15 +9,24 @@ group of one), so everything that expects one works the same whatever the world 
 
 import os
 from datetime import timedelta
+from pathlib import Path
+from typing import Any
 
 import torch.distributed as dist
 from lightning.pytorch import strategies
 
+from project.runs.checkpointing import is_sharded, load_sharded_as_full
 from project.runtime import lightning_internals as internals
 
 
 class DDPStrategy(strategies.DDPStrategy):
-    """Lightning's ``DDPStrategy``; a world of one process trains without the ``DistributedDataParallel`` wrapper."""
+    """Lightning's ``DDPStrategy``; a world of one process trains without the ``DistributedDataParallel`` wrapper, and
+    a sharded (FSDP2) checkpoint loads too, gathered whole in each process's memory."""
+
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        if is_sharded(checkpoint_path):
+            return load_sharded_as_full(Path(checkpoint_path))
+        return super().load_checkpoint(checkpoint_path, weights_only)
 
     def configure_ddp(self) -> None:
         if self.world_size > 1:

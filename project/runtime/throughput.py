@@ -19,6 +19,8 @@ from project.runtime import lightning_internals as internals
 def flops_per_sample(network: nn.Module, inputs: Tensor) -> int | None:
     """FLOPs of a forward and backward pass of NETWORK on one sample shaped like a row of INPUTS; None when the
     network cannot run on meta tensors (e.g. sharded by FSDP)."""
+    if any(hasattr(parameter, "to_local") for parameter in network.parameters()):
+        return None  # sharded (FSDP2): running it on meta tensors would disturb its hooks' state
     tensors = [*network.named_parameters(), *network.named_buffers()]
     meta = {name: torch.empty_like(t, device="meta").requires_grad_(t.requires_grad) for name, t in tensors}
     sample = torch.empty((1, *inputs.shape[1:]), dtype=inputs.dtype, device="meta")

@@ -1,0 +1,176 @@
+"""FSDP2: the network sharded across ranks, for models whose parameters, gradients and optimizer state do not fit one
+device under DDP (``configs/fsdp.yaml``; docs/gpus-and-sharding.md has the arithmetic).
+
+Lightning's ``ModelParallelStrategy`` runs ``torch.distributed.fsdp.fully_shard`` on a ``DeviceMesh``, on CPUs (gloo)
+and GPUs (NCCL) alike. This subclass makes it data parallel over every rank (Lightning's default puts every local rank
+on the tensor-parallel dimension), shards the network by a policy from the config (the module's ``configure_model``
+asks for it), keeps BatchNorm statistics equal on every rank as DDP does, and writes its distributed checkpoints
+(a folder, each rank its own shard) atomically and in the background.
+"""
+
+import importlib
+import os
+import shutil
+from concurrent.futures import Future
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from lightning.pytorch.strategies import ModelParallelStrategy
+from torch import nn
+from torch.distributed.constants import default_pg_timeout
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+from project.runs.checkpointing import METADATA_FILE, check_sharded, fsync_folder, is_sharded
+from project.runtime import lightning_internals as internals
+
+
+class FSDP2Strategy(ModelParallelStrategy):
+    """FSDP2 over every rank: each holds 1/N of every parameter, gradient and optimizer state.
+
+    Args:
+        shard_classes: import paths of the ``nn.Module`` classes whose instances become their own shard unit (their
+            weights are gathered only while they run); the whole network is one unit besides.
+        reshard_after_forward: free a unit's gathered weights after its forward (``False``: keep them until backward,
+            more memory, one all-gather less per unit).
+        param_dtype: on GPUs, the dtype units compute in (``bfloat16``: FSDP2's mixed precision; gradients are
+            reduced in float32). ``null``: the parameters' own.
+        async_save: write checkpoints in the background: a save stalls training only while the state is copied.
+        tensor_parallel_size: ranks per tensor-parallel group (1: pure data parallelism, what the template's
+            networks need).
+        process_group_backend, timeout: as for ``DDPStrategy``.
+    """
+
+    def __init__(
+        self,
+        shard_classes: list[str] | None = None,
+        reshard_after_forward: bool = True,
+        param_dtype: str | None = None,
+        async_save: bool = True,
+        tensor_parallel_size: int = 1,
+        process_group_backend: str | None = None,
+        timeout: timedelta | None = default_pg_timeout,
+    ) -> None:
+        super().__init__(
+            tensor_parallel_size=tensor_parallel_size,
+            save_distributed_checkpoint=True,
+            process_group_backend=process_group_backend,
+            timeout=timeout,
+        )
+        self.shard_classes = tuple(
+            module_class(name) for name in shard_classes or ["torch.nn.Linear", "torch.nn.Conv2d"]
+        )
+        self.reshard_after_forward = reshard_after_forward
+        if param_dtype is not None and not isinstance(getattr(torch, param_dtype, None), torch.dtype):
+            raise ValueError(f"param_dtype must name a torch dtype (e.g. bfloat16), got {param_dtype!r}")
+        self.param_dtype = param_dtype
+        self.async_save = async_save
+        self.tensor_parallel_size = tensor_parallel_size
+        self._save_group: dist.ProcessGroup | None = None
+        self._pending: tuple[Future, Path, Path] | None = None
+
+    def setup_environment(self) -> None:
+        internals.set_mesh_sizes(self, self.num_nodes * self.num_processes // self.tensor_parallel_size)
+        super().setup_environment()
+        if self.async_save and self.world_size > 1:
+            # Its own gloo group: a background save's collectives must not pair with training's (a shared one hung).
+            self._save_group = dist.new_group(backend="gloo")
+
+    def shard(self, network: nn.Module) -> None:
+        """Makes each module of the policy's classes, then the network, a shard unit on the data-parallel mesh. Once:
+        ``configure_model`` runs again for each later validate, test or predict."""
+        if any(hasattr(parameter, "to_local") for parameter in network.parameters()):
+            return
+        options: dict[str, Any] = {"mesh": self.device_mesh["data_parallel"]}
+        options["reshard_after_forward"] = self.reshard_after_forward
+        if self.param_dtype is not None and self.root_device.type == "cuda":
+            options["mp_policy"] = MixedPrecisionPolicy(getattr(torch, self.param_dtype), reduce_dtype=torch.float32)
+        for module in network.modules():
+            if module is not network and isinstance(module, self.shard_classes):
+                fully_shard(module, **options)
+        fully_shard(network, **options)
+
+    def optimizer_step(self, *args: Any, **kwargs: Any) -> Any:
+        """After each step, rank 0's buffers (BatchNorm's running statistics) on every rank, as DDP broadcasts them:
+        FSDP2 shards parameters only, and a checkpoint holds one rank's buffers."""
+        output = super().optimizer_step(*args, **kwargs)
+        if self.world_size > 1:
+            for buffer in self.lightning_module.buffers():
+                dist.broadcast(buffer, src=0)
+        return output
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None) -> None:
+        """Writes the shards into ``.NAME.partial`` beside the target and renames it into place once every rank has
+        written: a process killed mid-save leaves the previous checkpoint whole. With ``async_save`` the shards are
+        written in the background; the rename comes at the next save or at the end of the run."""
+        path = Path(self.broadcast(str(filepath)))
+        self.finish_pending_save()
+        partial = path.with_name(f".{path.name}.partial")
+        if self.global_rank == 0:
+            shutil.rmtree(partial, ignore_errors=True)
+            partial.mkdir(parents=True)
+        self.barrier("checkpoint folder")
+        state = {"state_dict": checkpoint.pop("state_dict")}
+        state.update({f"optimizer_{i}": s for i, s in enumerate(checkpoint.pop("optimizer_states", []))})
+        if self.global_rank == 0:
+            torch.save(checkpoint, partial / METADATA_FILE)  # loops, callbacks, RNG states: small
+        if self._save_group is not None:
+            self._pending = (
+                dcp.async_save(state, checkpoint_id=partial, process_group=self._save_group),
+                partial,
+                path,
+            )
+            return
+        dcp.save(state, checkpoint_id=partial)
+        self._promote(partial, path)
+
+    def finish_pending_save(self) -> None:
+        """Waits for the background save, then renames it into place (every rank calls it)."""
+        if self._pending is None:
+            return
+        future, partial, path = self._pending
+        self._pending = None
+        future.result()
+        self._promote(partial, path)
+
+    def _promote(self, partial: Path, path: Path) -> None:
+        self.barrier("checkpoint written")
+        if self.global_rank == 0:
+            old = path.with_name(f".{path.name}.old")
+            if path.exists():
+                os.rename(path, old)  # a folder cannot be replaced in one rename
+            os.rename(partial, path)
+            fsync_folder(path.parent)
+            shutil.rmtree(old, ignore_errors=True)
+        self.barrier("checkpoint in place")
+
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        path = Path(checkpoint_path)
+        if is_sharded(path):
+            check_sharded(path)
+        return super().load_checkpoint(checkpoint_path, weights_only)
+
+    def remove_checkpoint(self, filepath: Any) -> None:
+        self.finish_pending_save()  # ModelCheckpoint removes an older top-k checkpoint: never one still written
+        super().remove_checkpoint(filepath)
+
+    def teardown(self) -> None:
+        """A run that ends, fails or is preempted keeps its last save."""
+        if dist.is_available() and dist.is_initialized():
+            self.finish_pending_save()
+        super().teardown()
+
+
+def module_class(name: str) -> type[nn.Module]:
+    """The ``nn.Module`` class at import path NAME; a clear error for anything else."""
+    module, _, attribute = name.rpartition(".")
+    try:
+        found = getattr(importlib.import_module(module), attribute)
+    except (ImportError, AttributeError, ValueError):
+        raise ValueError(f"shard_classes: cannot import {name!r}") from None
+    if not (isinstance(found, type) and issubclass(found, nn.Module)):
+        raise ValueError(f"shard_classes: {name} is not a torch.nn.Module class")
+    return found

@@ -1,0 +1,229 @@
+"""scripts/slurm.sbatch on a real SLURM cluster: two nodes on this machine (scripts/slurm_cluster.sh), the scheduler's
+srun starting one task per node, its signals, requeues and job arrays. Every run resumed after the scheduler stopped it
+must end with the weights of the uninterrupted run."""
+
+import csv
+import math
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+import torch
+import yaml
+from conftest import REPO, last_checkpoint, run_folder, run_project
+from slurm_cluster import job_output, job_state, sbatch, slurm_cluster, slurm_env, wait_job, wait_state  # noqa: F401
+
+pytestmark = pytest.mark.slurm
+
+TESTS = str(Path(__file__).parent)
+SBATCH_SCRIPT = REPO / "scripts" / "slurm.sbatch"
+DIGITS_CONFIG = REPO / "configs" / "digits.yaml"
+EPOCHS = 30
+NODES = 2
+BATCH_SIZE = 64  # configs/digits.yaml's
+# Digits: 1797 samples; validation round(0.1 * 1797) = 180, test round(0.2 * 1797) = 359, training the 1258 left.
+TRAIN_SAMPLES = 1797 - round(0.1 * 1797) - round(0.2 * 1797)
+# Each rank gets ceil(1258 / 2) = 629 samples from the DistributedSampler: ceil(629 / 64) = 10 steps per epoch.
+STEPS_PER_EPOCH = math.ceil(math.ceil(TRAIN_SAMPLES / NODES) / BATCH_SIZE)
+CHECK_EVERY = 50  # guard.preemption_check_every_n_steps in configs/digits.yaml
+
+
+def slow(seconds: float) -> tuple[str, ...]:
+    """A job slowed down after every step on its first attempt (fault_injection.SlowSteps), so that the scheduler's
+    signal reaches it mid-training; the numbers are those of a job at full speed."""
+    return ("--trainer.callbacks+=fault_injection.SlowSteps", "--trainer.callbacks.seconds", str(seconds))
+
+
+def submit(out: Path, run_dir: Path, *options: str, fit: tuple[str, ...] = (), nodes: int = NODES) -> str:
+    """`sbatch [resources] OPTIONS scripts/slurm.sbatch` with the digits config into RUN_DIR; the job's id."""
+    resources = (f"--nodes={nodes}", "--ntasks-per-node=1", "--gpus-per-node=0", "--cpus-per-task=1")
+    return sbatch(
+        *resources,
+        f"--output={out}/slurm-%j.out",
+        *options,
+        str(SBATCH_SCRIPT),
+        *("--config", str(DIGITS_CONFIG), "--trainer.max_epochs", str(EPOCHS)),
+        *("--trainer.default_root_dir", str(run_dir), "--trainer.enable_progress_bar", "false"),
+        *fit,
+        cwd=REPO,
+        env=slurm_env(PYTHONPATH=TESTS),
+    )
+
+
+def finished(job: str, out: Path, timeout: float = 300) -> tuple[dict, str]:
+    state = wait_job(job, timeout=timeout)
+    return state, job_output(out / f"slurm-{job}.out")
+
+
+def weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    return torch.load(last_checkpoint(run_dir), map_location="cpu", weights_only=True)["state_dict"]
+
+
+def assert_same_weights(run_dir: Path, reference: dict[str, torch.Tensor]) -> None:
+    resumed = weights(run_dir)
+    assert resumed.keys() == reference.keys()
+    assert all(torch.equal(resumed[name], reference[name]) for name in reference)  # bit-identical
+
+
+def logged_steps(run_dir: Path) -> list[int]:
+    with (run_folder(run_dir) / "metrics.csv").open(newline="") as file:
+        return [int(row["step"]) for row in csv.DictReader(file) if row.get("train_loss")]
+
+
+def wait_for(path: Path, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.2)
+
+
+def release_when_requeued(job: str, restarts: int = 1, timeout: float = 180) -> float:
+    """Once the requeued job waits (PENDING, reason BeginTime: about 2 minutes), lets it start now; returns the
+    seconds the requeue took, from its run's end to PENDING."""
+    start, deadline = time.monotonic(), time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = job_state(job)
+        if state and state["state"] == "PENDING" and state.get("restarts", 0) >= restarts:
+            subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True, capture_output=True)
+            return time.monotonic() - start
+        time.sleep(0.3)
+    pytest.fail(f"job {job} was not requeued within {timeout:.0f} s: {job_state(job)}")
+
+
+def stop_lines(text: str) -> dict[int, int]:
+    """{rank: the step it stopped at} from the ranks' preemption reports."""
+    return {int(rank): int(step) for rank, step in re.findall(r"\[project\] rank (\d): .* stopped at step (\d+)", text)}
+
+
+@pytest.fixture(scope="module")
+def reference(slurm_cluster, tmp_path_factory):  # noqa: F811 (the fixture, imported)
+    """The uninterrupted 2-node run every interrupted one must end up equal to."""
+    out = tmp_path_factory.mktemp("reference")
+    job = submit(out, out / "run")
+    state, text = finished(job, out)
+    return out / "run", state, text
+
+
+def test_a_two_node_job_trains_one_rank_per_node(reference):
+    run_dir, state, text = reference
+    assert (state["state"], state["exit_code"], state["signal"]) == ("COMPLETED", 0, 0), f"{state}\n{text[-4000:]}"
+    assert state["nodes"] == "node[1-2]", state
+    assert set(re.findall(r"GLOBAL_RANK: (\d), MEMBER: \d/(\d)", text)) == {("0", "2"), ("1", "2")}, text[-4000:]
+    checkpoint = torch.load(last_checkpoint(run_dir), map_location="cpu", weights_only=True)
+    assert STEPS_PER_EPOCH == 10 and checkpoint["global_step"] == EPOCHS * STEPS_PER_EPOCH
+
+
+def test_a_job_that_reaches_its_time_limit_is_requeued_and_loses_nothing(reference, tmp_path):
+    """`--time=1 --signal=USR1@30`: SLURM signals every task before the limit (its timer fires every 30 s or so); every
+    rank stops at the next agreed step, rank 0 saves last.ckpt and requeues the job, which resumes its own run."""
+    run_dir = tmp_path / "run"
+    job = submit(tmp_path, run_dir, "--time=1", "--signal=USR1@30", fit=slow(0.1))
+    release_when_requeued(job)
+    state, text = finished(job, tmp_path)
+    assert (state["state"], state["exit_code"]) == ("COMPLETED", 0), f"{state}\n{text[-4000:]}"
+    assert state["restarts"] >= 1
+    stops = stop_lines(text)
+    assert set(stops) == {0, 1} and len(set(stops.values())) == 1, text[-4000:]  # both ranks, one step
+    assert f"job {job} requeued: it resumes by itself" in text
+    assert f"SLURM job {job}, requeued 1 time(s): resuming from" in text
+    checkpoint = torch.load(last_checkpoint(run_dir), map_location="cpu", weights_only=True)
+    assert checkpoint["global_step"] == EPOCHS * STEPS_PER_EPOCH  # not one optimizer step lost
+    assert_same_weights(run_dir, weights(reference[0]))
+    assert [path.name for path in (run_dir / "lightning_logs").iterdir()] == ["version_0"]  # one run folder
+    steps = logged_steps(run_dir)
+    assert len(steps) == len(set(steps)) and steps  # no step logged twice
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["scancel", "--signal=TERM"], ["scancel"], ["scontrol", "requeue"]],
+    ids=["scancel-TERM", "scancel", "scontrol-requeue"],
+)
+def test_a_job_the_scheduler_stops_saves_the_step_every_rank_stopped_at_and_resumes_exactly(
+    reference, tmp_path, command
+):
+    run_dir = tmp_path / "run"
+    job = submit(tmp_path, run_dir, "--requeue", fit=slow(0.05))
+    wait_for(run_dir / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt")  # training is under way
+    signalled = time.monotonic()
+    subprocess.run([*command, job], check=True, capture_output=True)
+    requeue = command[0] == "scontrol"
+    if requeue:
+        release_when_requeued(job)
+    state, text = finished(job, tmp_path)
+    stops = stop_lines(text)
+    assert set(stops) == {0, 1} and len(set(stops.values())) == 1, text[-4000:]  # every rank, the same step
+    [step] = set(stops.values())
+    assert step % CHECK_EVERY == 0 and 0 < step < EPOCHS * STEPS_PER_EPOCH
+    if requeue:
+        assert (state["state"], state["exit_code"], state["restarts"]) == ("COMPLETED", 0, 1), state
+    else:
+        print(f"{' '.join(command)}: job ended {time.monotonic() - signalled:.1f} s after the signal: {state}")
+        assert torch.load(last_checkpoint(run_dir), weights_only=True)["global_step"] == step  # last.ckpt: that step
+        if command == ["scancel", "--signal=TERM"]:
+            assert (state["state"], state["exit_code"]) == ("FAILED", 143), state
+        else:
+            assert state["state"] == "CANCELLED", state
+        resumed = submit(tmp_path, run_dir, fit=("--ckpt_path", "last"))
+        state, text = finished(resumed, tmp_path)
+        assert (state["state"], state["exit_code"]) == ("COMPLETED", 0), f"{state}\n{text[-4000:]}"
+    assert_same_weights(run_dir, weights(reference[0]))
+    assert [path.name for path in (run_dir / "lightning_logs").iterdir()] == ["version_0"]
+
+
+def test_a_node_whose_tasks_are_killed_ends_the_job_quickly(slurm_cluster, tmp_path):  # noqa: F811
+    run_dir = tmp_path / "run"
+    job = submit(tmp_path, run_dir, fit=slow(0.05))
+    wait_for(run_dir / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt")
+    killed = time.monotonic()
+    subprocess.run(["scancel", "--signal=KILL", "--nodelist=node2", job], check=True, capture_output=True)
+    state, text = finished(job, tmp_path, timeout=120)
+    seconds = time.monotonic() - killed
+    print(f"one node's tasks killed: the job ended {seconds:.1f} s later: {state}")
+    assert state["state"] in ("FAILED", "CANCELLED") and state["exit_code"] != 0, state
+    assert seconds < 30  # srun --kill-on-bad-exit ends the other node's rank: no wait for a collective timeout
+
+
+def test_jobs_of_an_array_started_together_get_their_own_run_folders(slurm_cluster, tmp_path):  # noqa: F811
+    run_dir = tmp_path / "shared"
+    array = submit(tmp_path, run_dir, "--array=0-2", nodes=1, fit=("--trainer.max_epochs", "1"))
+    jobs = [f"{array}_{task}" for task in range(3)]
+    states = [wait_job(job, timeout=300) for job in jobs]
+    assert [state["state"] for state in states] == ["COMPLETED"] * 3, states
+    folders = sorted((run_dir / "lightning_logs").iterdir())
+    assert [folder.name for folder in folders] == ["version_0", "version_1", "version_2"]
+    assert sorted((folder / "slurm_job.txt").read_text().strip() for folder in folders) == jobs
+    assert all((folder / "checkpoints" / "last.ckpt").is_file() for folder in folders)
+
+
+def test_a_sweep_runs_its_trials_as_a_job_array_and_its_best_config_reruns(slurm_cluster, tmp_path):  # noqa: F811
+    storage = f"sqlite:///{tmp_path}/sweep.db"
+    options = f"--nodes=1 --ntasks-per-node=1 --gpus-per-node=0 --cpus-per-task=1 --output={tmp_path}/sweep-%A_%a.out"
+    fit = ["--config", str(DIGITS_CONFIG), "--trainer.max_epochs", "2", "--trainer.enable_progress_bar", "false"]
+    sweep = [sys.executable, "-m", "project", "sweep", "--space", str(REPO / "configs" / "sweep.yaml")]
+    sweep += ["--trials", "4", "--slurm-array", "2", "--sbatch", options, "--no-prune", "--storage", storage]
+    done = subprocess.run(
+        [*sweep, "--root", str(tmp_path / "runs"), "--", *fit],
+        cwd=REPO,
+        env=slurm_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    study = optuna.load_study(study_name="sweep", storage=storage)
+    trials = study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
+    assert len(study.trials) == 4 and len(trials) == 4
+    spans = sorted((trial.datetime_start, trial.datetime_complete) for trial in trials)
+    assert any(later[0] < earlier[1] for earlier, later in zip(spans, spans[1:], strict=False))  # 2 ran at once
+    best = tmp_path / "runs" / "sweep" / "best.yaml"
+    assert yaml.safe_load(best.read_text())["trainer"]["max_epochs"] == 2
+    rerun = run_project("fit", "--config", str(best), "--trainer.default_root_dir", str(tmp_path / "rerun"), cwd=REPO)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    with (run_folder(tmp_path / "rerun") / "metrics.csv").open(newline="") as file:
+        [*_, last] = [float(row["val_acc"]) for row in csv.DictReader(file) if row.get("val_acc")]
+    assert last == pytest.approx(study.best_value, abs=1e-6)
