@@ -1,63 +1,181 @@
-"""The FSDP overlay: parses into Lightning's FSDPStrategy with the documented settings.
+"""FSDP2 (configs/fsdp.yaml) on CPU with gloo: every rank holds half of each weight, checkpoints are sharded folders
+written atomically in the background, and everything the DDP path promises holds: exact evaluation on any number of
+processes, exact resume after SIGKILL and SIGTERM, the NaN guard, checkpoints that load with or without the overlay."""
 
-Lightning refuses FSDP on CPU, so training with it is a GPU-only path; here the config is parsed by
-the real CLI, its strategy is built, and the CPU refusal is checked to be a clear, harmless error.
-"""
+import json
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
-import yaml
-from conftest import DIGITS_CONFIG, REPO, run_project
-from jsonargparse import ArgumentParser
-from lightning.pytorch.strategies import FSDPStrategy, Strategy
-from torch.distributed.fsdp import ShardingStrategy
-from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+from conftest import REPO, last_checkpoint, quick_args, run_folder, run_project
+from test_faults import RESUMABLE, fail_at, fit
 
-FSDP_CONFIG = REPO / "configs" / "fsdp.yaml"
-CONFIGS = ["--config", str(DIGITS_CONFIG), "--config", str(FSDP_CONFIG)]
+from project.runs.checkpointing import load_sharded_as_full, recover_interrupted_save
+
+FSDP = ("--config", str(REPO / "configs" / "fsdp.yaml"))
+
+
+def full(path: Path) -> dict:
+    """A checkpoint as one dict: a sharded folder gathered, a file loaded."""
+    return load_sharded_as_full(path) if path.is_dir() else torch.load(path, weights_only=True)
+
+
+def assert_same_weights(first: dict, second: dict) -> None:
+    assert first.keys() == second.keys()
+    assert all(torch.equal(first[name], second[name]) for name in first), [
+        name for name in first if not torch.equal(first[name], second[name])
+    ]
+
+
+def metrics_of(run_dir: Path, *args: str) -> dict:
+    result = run_project("test", *quick_args(run_dir, *args), cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads((run_folder(run_dir) / "test_metrics.json").read_text())
 
 
 @pytest.fixture(scope="module")
-def printed_config() -> dict:
-    result = run_project("fit", *CONFIGS, "--print_config", cwd=REPO, timeout=120)
-    assert result.returncode == 0, result.stderr[-2000:]
-    return yaml.safe_load(result.stdout)
+def sharded(tmp_path_factory) -> Path:
+    """Two epochs on 2 processes under FSDP2 (dropout on: RNG states matter)."""
+    run_dir = tmp_path_factory.mktemp("fsdp")
+    result, _ = fit(run_dir, *FSDP, *RESUMABLE)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run_dir
 
 
-def test_overlay_switches_the_base_config_to_fsdp_on_gpus(printed_config):
-    trainer = printed_config["trainer"]
-    assert trainer["accelerator"] == "gpu" and trainer["devices"] == -1
-    assert trainer["strategy"]["class_path"] == "lightning.pytorch.strategies.FSDPStrategy"
-    assert printed_config["model"]["network"]["class_path"] == "project.networks.MLP"  # the base model is kept
-    assert printed_config["checkpoint"]["save_last"] is True
+def test_each_rank_holds_half_of_every_weight_in_a_sharded_checkpoint(sharded):
+    from torch.distributed.checkpoint import FileSystemReader
 
-
-@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # jsonargparse>=4.49 renamed instantiate_classes
-def test_strategy_builds_with_per_layer_wrapping_full_sharding_and_full_checkpoints(printed_config):
-    parser = ArgumentParser()
-    parser.add_argument("--strategy", type=Strategy)
-    config = parser.parse_object({"strategy": printed_config["trainer"]["strategy"]})
-    strategy = parser.instantiate_classes(config).strategy
-    assert isinstance(strategy, FSDPStrategy)
-    assert strategy.sharding_strategy == ShardingStrategy.FULL_SHARD
-    assert strategy._state_dict_type == "full"  # consolidated checkpoints, loadable without FSDP
-    policy = strategy.kwargs["auto_wrap_policy"]
-    assert isinstance(policy, ModuleWrapPolicy)
-    assert set(policy._module_classes) == {torch.nn.Linear, torch.nn.Conv2d}
-
-
-def test_fsdp_on_cpu_is_refused_clearly_before_anything_is_written(tmp_path):
-    run_dir = tmp_path / "run"
-    args = [
-        *CONFIGS,
-        "--trainer.accelerator",
-        "cpu",
-        "--trainer.devices",
-        "1",
-        "--trainer.default_root_dir",
-        str(run_dir),
+    checkpoint = last_checkpoint(sharded)
+    assert sorted(path.name for path in checkpoint.iterdir()) == [
+        ".metadata",
+        "__0_0.distcp",
+        "__1_0.distcp",
+        "meta.pt",
     ]
-    result = run_project("fit", *args, cwd=REPO, timeout=120)
-    assert result.returncode == 2
-    assert "requires a GPU accelerator" in result.stderr
-    assert not run_dir.exists()
+    tensors = FileSystemReader(checkpoint).read_metadata().state_dict_metadata
+    weight = tensors["state_dict.network.layers.1.weight"]  # the first Linear: 64 inputs, 128 outputs
+    assert tuple(weight.size) == (128, 64)
+    assert [tuple(chunk.sizes) for chunk in weight.chunks] == [(64, 64), (64, 64)]  # one half per rank
+    momentum = tensors["optimizer_0.state.network.layers.1.weight.momentum_buffer"]
+    assert [tuple(chunk.sizes) for chunk in momentum.chunks] == [(64, 64), (64, 64)]  # the optimizer state too
+    assert full(checkpoint)["global_step"] == 20
+
+
+def test_fsdp2_trains_to_the_weights_ddp_trains_to(sharded, tmp_path):
+    result, _ = fit(tmp_path, *RESUMABLE)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert_same_weights(full(last_checkpoint(sharded))["state_dict"], full(last_checkpoint(tmp_path))["state_dict"])
+
+
+def test_its_checkpoint_tests_the_same_on_1_2_and_3_processes_with_or_without_fsdp_and_consolidated(sharded, tmp_path):
+    checkpoint = str(last_checkpoint(sharded))
+    two = metrics_of(tmp_path / "2", *FSDP, "--trainer.devices", "2", "--ckpt_path", checkpoint)
+    three = metrics_of(tmp_path / "3", *FSDP, "--trainer.devices", "3", "--ckpt_path", checkpoint)
+    one_plain = metrics_of(tmp_path / "1", "--ckpt_path", checkpoint)
+    consolidated = tmp_path / "consolidated.ckpt"
+    done = run_project("consolidate", checkpoint, str(consolidated), cwd=REPO)
+    assert done.returncode == 0, done.stderr[-3000:]
+    from_file = metrics_of(tmp_path / "file", "--ckpt_path", str(consolidated))
+    assert two["test_acc"] == three["test_acc"] == one_plain["test_acc"] == from_file["test_acc"] > 0.5
+    assert two["test_loss"] == pytest.approx(one_plain["test_loss"], rel=1e-6)
+    assert_same_weights(torch.load(consolidated, weights_only=True)["state_dict"], full(Path(checkpoint))["state_dict"])
+
+
+def test_predictions_on_2_sharded_processes_are_those_of_1_plain_one(sharded, tmp_path):
+    checkpoint = str(last_checkpoint(sharded))
+    for name, flags in (("fsdp", (*FSDP, "--trainer.devices", "2")), ("plain", ())):
+        result = run_project("predict", *quick_args(tmp_path / name, *flags, "--ckpt_path", checkpoint), cwd=REPO)
+        assert result.returncode == 0, result.stderr[-3000:]
+    rows = [(run_folder(tmp_path / name) / "predictions.csv").read_text() for name in ("fsdp", "plain")]
+    assert rows[0] == rows[1] and rows[0].count("\n") == 1 + 359
+
+
+def test_a_killed_sharded_run_resumes_mid_epoch_to_the_same_weights(sharded, tmp_path):
+    """Checkpoints every 4 steps, written in the background; SIGKILL at step 14 on every rank: the newest complete
+    checkpoint (sharded optimizer state included) resumes to the uninterrupted run's weights."""
+    every_4 = ("--checkpoint.every_n_train_steps", "4")
+    killed, _ = fit(tmp_path, *FSDP, *RESUMABLE, *every_4, *fail_at(14, -1, "sigkill"))
+    assert killed.returncode == -9
+    assert full(last_checkpoint(tmp_path))["global_step"] in (8, 12)  # 12 if its background write finished
+    resumed, _ = fit(tmp_path, *FSDP, *RESUMABLE, *every_4, "--ckpt_path", "last")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert_same_weights(full(last_checkpoint(tmp_path))["state_dict"], full(last_checkpoint(sharded))["state_dict"])
+
+
+def test_sigterm_stops_every_sharded_rank_at_one_step_saves_it_and_auto_resumes_exactly(sharded, tmp_path):
+    check_every_4 = ("--guard.preemption_check_every_n_steps", "4")
+    stopped, _ = fit(tmp_path, *FSDP, *RESUMABLE, *check_every_4, *fail_at(13, 1, "sigterm"))
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    assert stopped.stderr.count("SIGTERM on rank 1: stopped at step 16") == 2
+    assert full(last_checkpoint(tmp_path))["global_step"] == 16  # the stop waited for its background save
+    resumed, _ = fit(tmp_path, *FSDP, *RESUMABLE, "--ckpt_path", "auto")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert_same_weights(full(last_checkpoint(tmp_path))["state_dict"], full(last_checkpoint(sharded))["state_dict"])
+
+
+def test_a_sharded_run_resumes_on_3_processes(tmp_path):
+    """DCP reshards on load: weights and optimizer state are exact at the resume; the order of the samples after it
+    is a 3-process run's (steps per epoch, shards), not the 2-process run's."""
+    first, _ = fit(tmp_path, *FSDP, "--trainer.max_epochs", "1")
+    assert first.returncode == 0, first.stderr[-3000:]
+    more = ("--trainer.devices", "3", "--trainer.max_epochs", "2", "--ckpt_path", "last")
+    result = run_project("fit", *quick_args(tmp_path, *FSDP, *more), cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "RNG states not restored: saved by 2 ranks, resumed on 3" in result.stderr
+    assert full(last_checkpoint(tmp_path))["global_step"] == 10 + 7  # ceil(ceil(1258 / 3) / 64) steps in epoch 2
+
+
+def test_a_nan_loss_stops_a_sharded_run_and_no_checkpoint_holds_it(tmp_path):
+    result, _ = fit(tmp_path, *FSDP, "--model.optimizer.init_args.lr", "1000", "--trainer.max_epochs", "3")
+    assert result.returncode != 0
+    assert "the training loss became NaN or inf at step" in result.stderr
+    checkpoint = full(last_checkpoint(tmp_path))
+    assert all(value.isfinite().all() for value in checkpoint["state_dict"].values())
+
+
+def test_bf16_mixed_precision_trains_sharded_on_cpu(tmp_path):
+    result, _ = fit(tmp_path, *FSDP, "--trainer.precision", "bf16-mixed", "--trainer.max_epochs", "3")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert full(last_checkpoint(tmp_path))["global_step"] == 30
+
+
+def refused(run_dir: Path, *args: str) -> str:
+    result = run_project(*args, cwd=REPO)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert not (run_dir / "lightning_logs").exists() or not any((run_dir / "lightning_logs").iterdir())
+    return result.stderr
+
+
+def test_bad_sharding_input_is_refused_before_training(sharded, tmp_path):
+    not_a_module = ("--trainer.strategy.init_args.shard_classes", "[torch.optim.SGD]")
+    assert "torch.optim.SGD is not a torch.nn.Module class" in refused(
+        tmp_path / "a", "fit", *quick_args(tmp_path / "a", *FSDP, *not_a_module, "--trainer.devices", "2")
+    )
+    broken = tmp_path / "broken.ckpt"
+    shutil.copytree(last_checkpoint(sharded), broken)
+    (broken / "__1_0.distcp").unlink()
+    assert "shard __1_0.distcp is missing" in refused(
+        tmp_path / "b", "fit", *quick_args(tmp_path / "b", *FSDP, "--trainer.devices", "2", "--ckpt_path", str(broken))
+    )
+    assert "shard __1_0.distcp is missing" in refused(tmp_path / "c", "consolidate", str(broken), str(tmp_path / "x"))
+    other = ("--model.network.init_args.hidden_sizes", "[32]", "--ckpt_path", str(last_checkpoint(sharded)))
+    assert "another network's weights" in refused(tmp_path / "d", "test", *quick_args(tmp_path / "d", *other))
+
+
+def test_a_save_killed_between_its_renames_leaves_a_whole_checkpoint(tmp_path):
+    """The shards go to .last.ckpt.partial; once every rank has written, last.ckpt moves to .last.ckpt.old and the
+    new folder into its place. Killed before the renames, last.ckpt is the previous one; between them, the complete
+    new one is put in place when a run looks for it."""
+    last, partial, old = (tmp_path / name for name in ("last.ckpt", ".last.ckpt.partial", ".last.ckpt.old"))
+    for folder, step in ((old, "1"), (partial, "2")):
+        folder.mkdir()
+        (folder / ".metadata").write_text(step)
+        (folder / "meta.pt").write_text(step)
+    recover_interrupted_save(last)
+    assert (last / ".metadata").read_text() == "2" and not partial.exists()
+    old.mkdir()  # killed between the renames with no complete new folder: the previous one is put back
+    (old / ".metadata").write_text("1")
+    shutil.rmtree(last)
+    recover_interrupted_save(last)
+    assert (last / ".metadata").read_text() == "1"

@@ -13,6 +13,7 @@ checkpoint loads on another number of ranks (DCP reshards), in a plain DDP or on
 import os
 import pickle
 import random
+import shutil
 import tempfile
 from collections import defaultdict
 from pathlib import Path
@@ -125,6 +126,8 @@ def recover_interrupted_save(path: Path) -> None:
     partial, old = path.with_name(f".{path.name}.partial"), path.with_name(f".{path.name}.old")
     if not path.exists() and old.is_dir():
         os.rename(partial if is_sharded(partial) and (partial / METADATA_FILE).is_file() else old, path)
+    if path.exists():
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def load_checkpoint_file(path: str | Path, map_location: Any = "cpu", mmap: bool = False) -> dict[str, Any]:

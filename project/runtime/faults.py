@@ -54,6 +54,7 @@ class FailFast:
             for line in self.heartbeat.suspects(trainer.world_size):
                 report(f"rank {trainer.global_rank}: {line}")
         self.heartbeat.stop()
+        finish_pending_save(trainer)
         launched = internals.launched_processes(trainer)
         if launched:
             self._stop_launched_ranks(trainer, launched)
@@ -74,6 +75,18 @@ class FailFast:
 
     def _launcher_is_gone(self) -> bool:
         return wait_until(lambda: os.getppid() != LAUNCHER_PID)
+
+
+def finish_pending_save(trainer: Trainer) -> None:
+    """A checkpoint still being written in the background (FSDP2, runtime/sharding.py) is finished before the ranks
+    are stopped, if the ranks writing it still can."""
+    finish = getattr(trainer.strategy, "finish_pending_save", None)
+    if finish is None:
+        return
+    try:
+        finish()
+    except Exception as error:  # a peer that died mid-write: the previous checkpoint stays
+        report(f"rank {trainer.global_rank}: the checkpoint being written could not be finished: {first_line(error)}")
 
 
 class Heartbeat:
@@ -144,6 +157,8 @@ class Heartbeat:
         if not beats:
             return ["no rank's heartbeat could be read: the store's host (rank 0) has stopped or is gone"]
         stopped = [rank for rank, (_, age) in beats.items() if age > self.STALE_AFTER_S] + silent
+        if not stopped:  # every rank still runs: the failure is not a hang
+            return []
         lines = [
             f"rank {rank} stopped: its last heartbeat was at step {beats[rank][0]}, {beats[rank][1]:.0f} s ago"
             if rank in beats

@@ -91,6 +91,9 @@ class ForkLauncher(internals.ScriptLauncher):
         # A re-run rank reads it from the environment at import; Lightning sets it again once the group is up.
         rank_zero_only.rank = self.cluster_environment.node_rank() * self.num_processes + local_rank
         internals.set_num_threads(self.num_processes)
+        # Rebuilds torch's thread pool here, while this process has one thread: torch marks the parent's as lost at
+        # the fork, and two threads rebuilding it at once (the autograd engine's, this one) crashed a rank.
+        torch.set_num_threads(torch.get_num_threads())
         code = 0
         try:  # as in rank 0: Lightning's handling (callbacks' on_exception, teardown), then this launcher's again
             internals.run_as_trainer(trainer, function, *args, **kwargs)  # LOCAL_RANK is set: no launch

@@ -128,7 +128,8 @@ class FSDP2Strategy(ModelParallelStrategy):
         self._promote(partial, path)
 
     def finish_pending_save(self) -> None:
-        """Waits for the background save, then renames it into place (every rank calls it)."""
+        """Waits for the background save, then renames it into place. Every rank calls it before the next save (and
+        at the end); no collective of its own, so a failing run can call it too."""
         if self._pending is None:
             return
         future, partial, path = self._pending
@@ -137,15 +138,16 @@ class FSDP2Strategy(ModelParallelStrategy):
         self._promote(partial, path)
 
     def _promote(self, partial: Path, path: Path) -> None:
-        self.barrier("checkpoint written")
-        if self.global_rank == 0:
-            old = path.with_name(f".{path.name}.old")
-            if path.exists():
-                os.rename(path, old)  # a folder cannot be replaced in one rename
-            os.rename(partial, path)
-            fsync_folder(path.parent)
-            shutil.rmtree(old, ignore_errors=True)
-        self.barrier("checkpoint in place")
+        """Rank 0 renames the written folder into place. DCP's coordinator (rank 0) writes ``.metadata`` last, once
+        every rank has reported its shard written: its save returning means the whole checkpoint is there."""
+        if self.global_rank != 0 or not is_sharded(partial):
+            return
+        old = path.with_name(f".{path.name}.old")
+        if path.exists():
+            os.rename(path, old)  # a folder cannot be replaced in one rename
+        os.rename(partial, path)
+        fsync_folder(path.parent)
+        shutil.rmtree(old, ignore_errors=True)
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
         path = Path(checkpoint_path)
