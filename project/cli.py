@@ -56,7 +56,6 @@ class ProjectCLI(LightningCLI):
             if config.ckpt_path and config.ckpt_path not in folders.LIGHTNING_CKPT_ALIASES:
                 self.checkpoint_shapes = check_checkpoint(config.ckpt_path)
         except (folders.RunFolderError, CheckpointError) as error:
-            self.run_plan.release()
             parser.error(str(error))
 
     def instantiate_classes(self) -> None:
@@ -67,7 +66,6 @@ class ProjectCLI(LightningCLI):
             self.check_distributed_settings()
             self.check_checkpoint_fits()
         except (MisconfigurationException, ValueError, TypeError) as error:
-            self.run_plan.release()
             self.parser.error(f"invalid configuration: {error}")
 
     def check_checkpoint_fits(self) -> None:

@@ -67,7 +67,7 @@ class ClassificationModule(LightningModule):
             torch.set_float32_matmul_precision(self.hparams.matmul_precision)
         if self.channels_last:
             self.network.to(memory_format=torch.channels_last)
-        if isinstance(self.trainer.strategy, FSDP2Strategy):
+        if self.device_mesh is not None and isinstance(self.trainer.strategy, FSDP2Strategy):
             self.trainer.strategy.shard(self.network)
         if self.hparams.compile:
             self.network.compile(**(self.hparams.compile if isinstance(self.hparams.compile, dict) else {}))

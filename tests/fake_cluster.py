@@ -7,7 +7,8 @@ from pathlib import Path
 from conftest import REPO, project_env
 
 SCRIPTS = REPO / "scripts"
-# tests/bin/srun: starts the tasks of a faked allocation here, with the variables srun gives each task.
+# tests/bin/srun: starts the tasks of a faked allocation here, with the variables srun gives each task. Real jobs run on
+# the local cluster (tests/test_slurm.py); the fake stays for what its 1-CPU nodes cannot hold (2 tasks a node).
 FAKE_SRUN_DIR = REPO / "tests" / "bin"
 
 

@@ -1,6 +1,5 @@
 """Several nodes on one machine: two process trees on localhost through each launcher in scripts/, and SLURM faked."""
 
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -142,45 +141,8 @@ def test_two_nodes_train_like_one_node_with_two_processes(single_node, env_nodes
             torch.testing.assert_close(weights[name], value, rtol=0, atol=1e-5, msg=name)
 
 
-# SLURM, faked: tests/bin/srun starts the allocation's tasks on this machine.
-
-
-@pytest.fixture(scope="module")
-def slurm_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
-    """scripts/slurm.sbatch in a 2-node x 1-task allocation, one epoch."""
-    run_dir = tmp_path_factory.mktemp("slurm") / "run"
-    result = sbatch(slurm_allocation(nodes=2, tasks_per_node=1), *quick_args(run_dir, "--trainer.max_epochs", "1"))
-    return run_dir, result
-
-
-def sbatch(env: dict, *args: str) -> subprocess.CompletedProcess:
-    """Runs the batch script as sbatch would, in the allocation's environment."""
-    cmd = ["bash", str(SCRIPTS / "slurm.sbatch"), *args]
-    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-
-
-def test_sbatch_ranks_and_world_size_come_from_slurm(slurm_run):
-    run_dir, result = slurm_run
-    assert result.returncode == 0, result.stderr[-3000:]
-    output = result.stdout + result.stderr
-    # Every task ran under SLURMEnvironment, with SLURM_PROCID as its rank and SLURM_NTASKS as the world size.
-    assert output.count("SLURM auto-requeueing enabled") == 2
-    assert_world_of_two([output, output])
-    ckpt = torch.load(last_checkpoint(run_dir), weights_only=True)
-    assert ckpt["global_step"] == STEPS_PER_EPOCH
-
-
-def test_requeued_sbatch_job_resumes_from_its_hpc_checkpoint(slurm_run):
-    run_dir, _ = slurm_run
-    # What Lightning saves on the requeue signal (--signal=SIGUSR1@120) before `scontrol requeue`.
-    shutil.copy(last_checkpoint(run_dir), run_dir / "hpc_ckpt_1.ckpt")
-    env = slurm_allocation(nodes=2, tasks_per_node=1, SLURM_RESTART_COUNT="1")
-    result = sbatch(env, *quick_args(run_dir, "--trainer.max_epochs", "2"))
-    assert result.returncode == 0, result.stderr[-3000:]
-    restored = f"Restoring states from the checkpoint path at {run_dir / 'hpc_ckpt_1.ckpt'}"
-    assert restored in result.stdout + result.stderr
-    ckpt = torch.load(last_checkpoint(run_dir), weights_only=True)
-    assert ckpt["global_step"] == 2 * STEPS_PER_EPOCH
+# SLURM jobs run on a real cluster in tests/test_slurm.py; what is left here needs no srun: the allocation's
+# variables alone.
 
 
 @pytest.mark.parametrize(

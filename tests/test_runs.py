@@ -96,29 +96,32 @@ def test_the_run_folder_policy_works_on_a_plain_config_without_a_parser(tmp_path
 
 def test_fits_that_start_at_the_same_moment_get_distinct_run_folders(tmp_path):
     """Lightning numbers a run one above the highest folder it lists, so two starts at once can pick the same number
-    (#11418, won't fix); the CLI claims the folder with mkdir, which only one process can win."""
+    (#11418, won't fix); the template's logger claims the folder with mkdir, which only one process can win."""
     import multiprocessing
 
-    from lightning.pytorch.loggers import CSVLogger
+    from lightning.pytorch import loggers
 
-    from project.runs.folders import prepare_run
+    from project.runs.loggers import CSVLogger
 
-    first, second = CSVLogger(tmp_path / "lightning"), CSVLogger(tmp_path / "lightning")
+    first, second = loggers.CSVLogger(tmp_path / "lightning"), loggers.CSVLogger(tmp_path / "lightning")
     assert first.version == second.version == 0  # what Lightning alone gives two runs that start together
     context = multiprocessing.get_context("fork")
-    barrier, names = context.Barrier(4), context.Queue()
+    barrier, versions = context.Barrier(4), context.Queue()
 
     def start() -> None:
         barrier.wait()  # the four starts coincide
-        names.put(prepare_run(run_config(tmp_path), "fit").folder.name)
+        versions.put(CSVLogger(tmp_path / "ours").version)
 
     processes = [context.Process(target=start) for _ in range(4)]
     for process in processes:
         process.start()
-    claimed = sorted(names.get(timeout=60) for _ in processes)
+    claimed = sorted(versions.get(timeout=60) for _ in processes)
     for process in processes:
         process.join(timeout=60)
-    assert claimed == [f"version_{n}" for n in range(4)]
+    assert claimed == [0, 1, 2, 3]
+    assert sorted(path.name for path in (tmp_path / "ours" / "lightning_logs").iterdir()) == [
+        f"version_{n}" for n in range(4)
+    ]
 
 
 def test_a_requeued_slurm_job_continues_the_run_its_job_started(tmp_path, monkeypatch):
@@ -137,6 +140,6 @@ def test_a_requeued_slurm_job_continues_the_run_its_job_started(tmp_path, monkey
     assert plan.folder == runs / "version_1" and config.ckpt_path == str(
         runs / "version_1" / "checkpoints" / "last.ckpt"
     )
-    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")  # the job's first start: a new run, recording the job
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")  # the job's first start: a new run
     plan = prepare_run(run_config(tmp_path), "fit")
-    assert plan.folder == runs / "version_3" and (plan.folder / JOB_FILE).read_text() == "77\n"
+    assert plan.folder is None and plan.config_filename == "config.yaml"

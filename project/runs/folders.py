@@ -8,7 +8,6 @@ before anything is built (``prepare_run``). A resumed run logs into its own fold
 runs (MLflow, W&B), whose ids the run records in ``trackers.json``.
 """
 
-import contextlib
 import json
 import os
 import re
@@ -41,23 +40,16 @@ class RunFolderError(ValueError):
 @dataclass
 class RunPlan:
     """Where a subcommand's run goes: the file name for this attempt's config (``config.yaml`` on a run's first
-    attempt), and the run folder it continues or claimed (None: Lightning's logger picks it, or there is none)."""
+    attempt), and the run folder it continues (None: a new one, which the logger claims: ``claim_run_folder``)."""
 
     config_filename: str = "config.yaml"
     folder: Path | None = None
-    claimed: bool = False
-
-    def release(self) -> None:
-        """Gives back a folder claimed for a run that failed before writing anything into it."""
-        if self.claimed and self.folder is not None:
-            with contextlib.suppress(OSError):  # not empty: the run wrote something, which stays
-                self.folder.rmdir()
 
 
 def prepare_run(config: Namespace, subcommand: str) -> RunPlan:
     """Resolves ``--ckpt_path last|best|auto`` in CONFIG (a subcommand's parsed config), points the loggers at the
-    run it continues, claims a new run's folder, and refuses a fresh fit over an earlier run's checkpoints. A
-    requeued SLURM job continues its own run. Raises ``RunFolderError``."""
+    run it continues, and refuses a fresh fit over an earlier run's checkpoints. A requeued SLURM job continues its
+    own run. Raises ``RunFolderError``."""
     default_save_dirs(config.trainer)
     if config.ckpt_path == "auto":
         plan = resume_if_possible(config)
@@ -67,9 +59,6 @@ def prepare_run(config: Namespace, subcommand: str) -> RunPlan:
         plan = start_new_run(config)
     else:
         plan = RunPlan()
-    job = slurm_job_id()
-    if subcommand == "fit" and job and plan.folder is not None and is_first_process():
-        (plan.folder / JOB_FILE).write_text(job + "\n")  # a requeue of this job finds its run by it
     return plan
 
 
@@ -106,8 +95,8 @@ def resume_if_possible(config: Namespace) -> RunPlan:
 
 
 def start_new_run(config: Namespace) -> RunPlan:
-    """A fresh fit gets its own run folder, claimed atomically; where every run shares one, refuse to write over an
-    earlier run. A requeued SLURM job (``SLURM_RESTART_COUNT`` > 0) continues the run its job started instead."""
+    """A fresh fit gets its own run folder (claimed by the logger); where every run shares one, refuse to write over
+    an earlier run. A requeued SLURM job (``SLURM_RESTART_COUNT`` > 0) continues the run its job started instead."""
     job, requeues = slurm_job_id(), int(os.environ.get("SLURM_RESTART_COUNT") or 0)
     if job and requeues > 0 and (folder := job_run_folder(config, job)) is not None:
         last = folder / "checkpoints" / "last.ckpt"
@@ -121,17 +110,13 @@ def start_new_run(config: Namespace) -> RunPlan:
             f"the checkpoint folder already holds an earlier run's checkpoints ({fixed}); resume with"
             " --ckpt_path last, or choose a new --trainer.default_root_dir"
         )
-    numbered = fixed is None and versions_folder(config.trainer) is not None
-    if numbered and logger_configs(config.trainer)[0].init_args.get("version") is None and is_first_process():
-        return RunPlan(folder=claim_run_folder(config), claimed=True)
     return RunPlan()
 
 
-def claim_run_folder(config: Namespace) -> Path:
-    """Creates the next ``version_N`` and points the first logger at it. ``mkdir`` either creates a folder or fails:
-    of fits that start at the same moment into one ``default_root_dir`` (a job array, two jobs), each gets its own.
-    Lightning's logger would pick one above the highest it lists, and two starts could pick the same (#11418)."""
-    root = versions_folder(config.trainer)
+def claim_run_folder(root: Path) -> int:
+    """Creates the next ``version_N`` under ROOT and returns N. ``mkdir`` either creates a folder or fails: of fits
+    that start at the same moment into one ``default_root_dir`` (a job array, two jobs), each gets its own. Lightning's
+    logger would pick one above the highest it lists, and two starts could pick the same (#11418, won't fix)."""
     root.mkdir(parents=True, exist_ok=True)
     version = max((int(m.group(1)) for p in root.iterdir() if (m := RUN_FOLDER.fullmatch(p.name))), default=-1) + 1
     while True:
@@ -140,14 +125,7 @@ def claim_run_folder(config: Namespace) -> Path:
         except FileExistsError:
             version += 1
             continue
-        logger_configs(config.trainer)[0].init_args.version = version
-        return root / f"version_{version}"
-
-
-def is_first_process() -> bool:
-    """Whether this process is the launch's global rank 0, before Lightning knows the ranks: the one that claims
-    folders. Ranks that torchrun, SLURM or Lightning's own launcher start set one of these to their rank."""
-    return all(os.environ.get(name, "0") == "0" for name in ("RANK", "LOCAL_RANK", "NODE_RANK", "SLURM_PROCID"))
+        return version
 
 
 def slurm_job_id() -> str | None:
@@ -258,6 +236,9 @@ class RunRecord(SaveConfigCallback):
     def save_config(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if not trainer.loggers:
             return
+        run_folder = getattr(trainer.loggers[0], "log_dir", None)
+        if stage == "fit" and (job := slurm_job_id()) and run_folder:
+            (Path(run_folder) / JOB_FILE).write_text(job + "\n")  # a requeue of this job finds its run by it
         if self.config_filename == "config.yaml":  # a first attempt
             params = flatten(self.parser.dump(self.config, skip_none=False, format="json"))
             for logger in trainer.loggers[1:]:
@@ -269,7 +250,6 @@ class RunRecord(SaveConfigCallback):
         }
         # loggers[0].log_dir, not trainer.log_dir: that one broadcasts, and only rank 0 is here. A first logger
         # without a run folder (no log_dir) has no resume to serve.
-        run_folder = getattr(trainer.loggers[0], "log_dir", None)
         if trackers and run_folder:
             (Path(run_folder) / TRACKERS_FILE).write_text(json.dumps(trackers, indent=2) + "\n")
 

@@ -1,9 +1,11 @@
-"""Loggers: Lightning's, with one fix so a resumed run keeps its history."""
+"""Loggers: Lightning's, with two fixes: a resumed run keeps its history; runs that start together get their own
+folders."""
 
 from lightning.fabric.loggers.logger import rank_zero_experiment
 from lightning.pytorch import loggers
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 
+from project.runs.folders import claim_run_folder
 from project.runtime import lightning_internals as internals
 
 
@@ -18,3 +20,9 @@ class CSVLogger(loggers.CSVLogger):
     @rank_zero_experiment
     def experiment(self) -> ExperimentWriter:
         return internals.appending_csv_experiment(self)
+
+    @property
+    def version(self) -> int | str:
+        """The run's number: on rank 0 a new run claims its folder (``claim_run_folder``), so fits that start at
+        the same moment never share one."""
+        return internals.logger_version(self, claim_run_folder)

@@ -106,7 +106,7 @@ class Heartbeat:
     def __init__(self) -> None:
         self.step, self.progress_at = 0, time.monotonic()
         self._store: dist.Store | None = None
-        self._stopped = threading.Event()
+        self._stopped: threading.Event | None = None  # made at start: callbacks are deep-copied before (EMA)
 
     def start(self, trainer: Trainer, timeout: timedelta) -> None:
         """On every rank, once the process group is up: connect to its store and beat until the run ends."""
@@ -117,7 +117,7 @@ class Heartbeat:
         )
         self._store = dist.PrefixStore("project/heartbeat", store)
         self._store.set(str(trainer.global_rank), f"{trainer.global_step} {time.time()}")  # the first beat, at once
-        self._stopped.clear()
+        self._stopped = threading.Event()
         stall_s = timeout.total_seconds() * self.STALL_DUMP_FRACTION
         thread = threading.Thread(target=self._beat, args=(trainer.global_rank, stall_s), daemon=True)
         thread.start()
@@ -126,7 +126,8 @@ class Heartbeat:
         self.step, self.progress_at = step, time.monotonic()
 
     def stop(self) -> None:
-        self._stopped.set()
+        if self._stopped is not None:
+            self._stopped.set()
 
     def _beat(self, rank: int, stall_s: float) -> None:
         dumped_at = None

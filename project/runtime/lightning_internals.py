@@ -23,16 +23,18 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import lightning
 import torch.distributed as dist
-from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch import Callback, LightningModule, Trainer, loggers
 from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.profilers import PassThroughProfiler
 from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
+from lightning.pytorch.utilities import rank_zero_only
 from torch.distributed.constants import default_pg_timeout
 
 
@@ -69,6 +71,11 @@ def _calls(function: Any, text: str) -> bool:
         return False
 
 
+def _any_calls(cls: type, method: str, text: str) -> bool:
+    """Whether METHOD of CLS or of a class it inherits from does TEXT (``__init__`` calls its parent's)."""
+    return any(_calls(base.__dict__.get(method), text) for base in cls.__mro__)
+
+
 @dataclass(frozen=True)
 class Part:
     name: str
@@ -98,8 +105,14 @@ PARTS = (
         "a resumed run appends to its metrics.csv (runs/loggers.py)",
         True,
         "ExperimentWriter._check_log_dir_exists, called from its __init__",
-        lambda: any(
-            _calls(cls.__dict__.get("__init__"), "self._check_log_dir_exists()") for cls in ExperimentWriter.__mro__
+        lambda: _any_calls(ExperimentWriter, "__init__", "self._check_log_dir_exists()"),
+    ),
+    Part(
+        "runs started together get their own folders (runs/loggers.py)",
+        True,
+        "CSVLogger._version and _get_next_version",
+        lambda: (
+            _has(loggers.CSVLogger, "_get_next_version") and _any_calls(loggers.CSVLogger, "__init__", "self._version")
         ),
     ),
     Part(
@@ -245,6 +258,15 @@ def appending_csv_experiment(logger: Any) -> ExperimentWriter:
         logger._fs.makedirs(logger.root_dir, exist_ok=True)
         logger._experiment = _AppendingExperimentWriter(log_dir=logger.log_dir)
     return logger._experiment
+
+
+def logger_version(logger: Any, claim: Callable[[Path], int]) -> int | str:
+    """A Lightning logger's version, as its ``version`` property gives it, except that on rank 0 a new run's number
+    comes from CLAIM (the folder is created as the number is chosen); other ranks only read the number."""
+    if logger._version is None:
+        root = Path(logger.root_dir)
+        logger._version = claim(root) if rank_zero_only.rank == 0 else logger._get_next_version()
+    return logger._version
 
 
 # Process groups (runtime/strategy.py): correctness.
