@@ -1,20 +1,25 @@
 """``python -m project COMMAND``: the Lightning commands (fit, validate, test, predict: cli.py), ``doctor``
-(runtime/doctor.py), ``sweep`` (runs/sweep.py) and ``consolidate SHARDED_CHECKPOINT OUTPUT`` (runs/checkpointing.py)."""
+(runtime/doctor.py), ``sweep`` (runs/sweep.py) and ``consolidate SHARDED_CHECKPOINT OUTPUT`` (runs/checkpointing.py).
+
+The rest is imported inside ``main``, after SLURM's requeue signal is caught: importing torch takes seconds on a busy
+node, and SLURM may send the signal that early (runtime/requeue_signal.py).
+"""
 
 import argparse
 import sys
 from pathlib import Path
 
-import torch.distributed as dist
-
-from project.cli import build_cli, program_name
-from project.runs import checkpointing
-from project.runtime import doctor
-from project.runtime.lightning_internals import LightningMismatch, silence_known_noise
-from project.runtime.preemption import EarlyRequeueSignal
+from project.runtime.requeue_signal import EarlyRequeueSignal
 
 
 def main(args: list[str] | None = None) -> None:
+    EarlyRequeueSignal.catch()
+    import torch.distributed as dist
+
+    from project.cli import build_cli, program_name
+    from project.runtime import doctor
+    from project.runtime.lightning_internals import LightningMismatch, silence_known_noise
+
     doctor.apply_debug_switch()
     silence_known_noise()
     argv = sys.argv[1:] if args is None else args
@@ -26,7 +31,6 @@ def main(args: list[str] | None = None) -> None:
         sys.exit(sweep.main(argv[1:]))
     if argv[:1] == ["consolidate"]:
         sys.exit(consolidate(argv[1:]))
-    EarlyRequeueSignal.catch()
     try:
         build_cli(args, prog=program_name(sys.argv[0]))
     except LightningMismatch as error:
@@ -41,6 +45,8 @@ def main(args: list[str] | None = None) -> None:
 
 def consolidate(argv: list[str]) -> int:
     """A sharded (FSDP2) checkpoint as one file, for export or a run without FSDP."""
+    from project.runs import checkpointing
+
     parser = argparse.ArgumentParser(prog="python -m project consolidate", description=consolidate.__doc__)
     parser.add_argument("checkpoint", type=Path, help="a sharded checkpoint's folder, e.g. .../checkpoints/last.ckpt")
     parser.add_argument("output", type=Path, help="the single-file checkpoint to write")

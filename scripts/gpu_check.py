@@ -5,7 +5,8 @@
 Writes ``runs/gpu_check/gpu_check.json`` (one entry per check: passed, seconds, figures) and ``gpu_check.log`` (every
 command's output). Checks: the doctor; a 1-GPU fit with configs/gpu.yaml (NCCL, bf16) to test accuracy >= 0.90, and
 a ``test`` of its checkpoint; the same fit with ``torch.cuda.set_sync_debug_mode("error")`` on for the steady steps
-between logging steps (any host sync there fails the run); configs/fsdp.yaml on 1 GPU; torch.compile; the suite's
+between logging steps (any host sync there fails the run); configs/fsdp.yaml (FSDP2) on 1 GPU, with and without
+bf16 parameters (its mixed-precision policy); torch.compile; the suite's
 GPU tests (in-memory data on the device); the benchmark's CUDA rows. Each fit reports its last logged MFU. Exit code 0
 only when every check passed.
 """
@@ -98,6 +99,9 @@ def checks(log) -> dict[str, Any]:
         "fit_gpu_yaml_bf16": fit_and_test(log, "fit"),
         "no_host_sync_in_steady_steps": {"passed": sync_code == 0, "error": sync_output[-500:] if sync_code else None},
         "fsdp_one_gpu": fit_and_test(log, "fsdp", "--config", "configs/fsdp.yaml", "--trainer.devices", "1"),
+        "fsdp_bf16_params": fit_and_test(
+            log, "fsdp_bf16", "--config", "configs/fsdp.yaml", "--trainer.strategy.init_args.param_dtype", "bfloat16"
+        ),
         "compile": fit_and_test(log, "compile", "--model.compile", "true"),
         "benchmark_cuda": {
             "passed": bench_code == 0,

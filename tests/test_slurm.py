@@ -30,6 +30,11 @@ TRAIN_SAMPLES = 1797 - round(0.1 * 1797) - round(0.2 * 1797)
 # Each rank gets ceil(1258 / 2) = 629 samples from the DistributedSampler: ceil(629 / 64) = 10 steps per epoch.
 STEPS_PER_EPOCH = math.ceil(math.ceil(TRAIN_SAMPLES / NODES) / BATCH_SIZE)
 CHECK_EVERY = 50  # guard.preemption_check_every_n_steps in configs/digits.yaml
+# The sbatch line of docs/multi-node.md, as written: its options and the script's arguments.
+[DOCUMENTED] = [
+    line for line in (REPO / "docs" / "multi-node.md").read_text().splitlines() if line.startswith("sbatch ")
+]
+DOC_OPTIONS, DOC_ARGS = (part.split() for part in DOCUMENTED.removeprefix("sbatch ").split(" scripts/slurm.sbatch "))
 
 
 def slow(seconds: float) -> tuple[str, ...]:
@@ -39,14 +44,15 @@ def slow(seconds: float) -> tuple[str, ...]:
 
 
 def submit(out: Path, run_dir: Path, *options: str, fit: tuple[str, ...] = (), nodes: int = NODES) -> str:
-    """`sbatch [resources] OPTIONS scripts/slurm.sbatch` with the digits config into RUN_DIR; the job's id."""
-    resources = (f"--nodes={nodes}", "--ntasks-per-node=1", "--gpus-per-node=0", "--cpus-per-task=1")
+    """docs/multi-node.md's `sbatch` line with OPTIONS added and FIT after its arguments, into RUN_DIR; the job id."""
+    resources = [option if not option.startswith("--nodes=") else f"--nodes={nodes}" for option in DOC_OPTIONS]
     return sbatch(
         *resources,
         f"--output={out}/slurm-%j.out",
         *options,
         str(SBATCH_SCRIPT),
-        *("--config", str(DIGITS_CONFIG), "--trainer.max_epochs", str(EPOCHS)),
+        *DOC_ARGS,
+        *("--trainer.max_epochs", str(EPOCHS)),
         *("--trainer.default_root_dir", str(run_dir), "--trainer.enable_progress_bar", "false"),
         *fit,
         cwd=REPO,

@@ -33,11 +33,11 @@ from types import FrameType
 
 import torch
 import torch.distributed as dist
-from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch import Trainer
 
 from project.runtime import lightning_internals as internals
 from project.runtime.faults import report
+from project.runtime.requeue_signal import EarlyRequeueSignal
 
 # 128 + SIGTERM, what shells, SLURM and Kubernetes report for a process that SIGTERM ended: schedulers and scripts
 # read "terminated before the end" (requeue, or resume with --ckpt_path last), not success (0) nor a crash (1).
@@ -111,28 +111,6 @@ class PreemptionCheck:
         )
         wait_for(launched, trainer)
         raise Preempted
-
-
-class EarlyRequeueSignal:
-    """SLURM's requeue signal (SIGUSR1) from the command's start: it may come before training does (a big job's
-    start-up can take minutes, and SLURM sends it up to a minute early), and its default action ends the process.
-    Caught from the start, it counts for the run's first check. Lightning then registers no handler of its own (one is
-    there), so this one passes the signal to the run's ``PreemptionCheck``."""
-
-    received = False
-    check: PreemptionCheck | None = None
-
-    @classmethod
-    def catch(cls) -> None:
-        if SLURMEnvironment.detect() and signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL:
-            signal.signal(signal.SIGUSR1, cls.handle)
-
-    @classmethod
-    def handle(cls, signum: int, frame: FrameType | None) -> None:
-        if cls.check is None:
-            cls.received = True
-        else:
-            cls.check._on_requeue(signum, frame)
 
 
 def requeue_slurm_job() -> str | None:
