@@ -3,8 +3,8 @@
     python scripts/plot_metrics.py runs/digits                  # newest lightning_logs/version_N
     python scripts/plot_metrics.py runs/digits/lightning_logs/version_0 -o curves.png
 
-Needs matplotlib (the ``plot`` extra). Per-step values (train_loss) are averaged over each epoch's
-logged steps; per-epoch values (train_acc, val_*) are taken as logged.
+Needs matplotlib (the ``plot`` extra). The values logged in an epoch are averaged: the epoch metrics (train_loss,
+train_acc, val_*) are logged once, so they are taken as logged.
 """
 
 import argparse

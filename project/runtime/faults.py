@@ -185,6 +185,7 @@ class NonFiniteLosses:
     def __init__(self) -> None:
         self._losses: list[torch.Tensor] = []
         self._first_step = 0  # the global step after the window's first loss
+        self.window_mean: torch.Tensor | None = None  # the last checked window's mean loss, for the loss curve
 
     def record(self, loss: Any, trainer: Trainer) -> None:
         if not self._losses:
@@ -198,7 +199,9 @@ class NonFiniteLosses:
         losses, self._losses = self._losses, []
         if not losses:
             return
-        finite = torch.stack(losses).isfinite()  # the losses are scalars: backward needs one
+        stacked = torch.stack(losses)  # the losses are scalars: backward needs one
+        self.window_mean = stacked.mean()
+        finite = stacked.isfinite()
         if not finite.all():
             step = self._first_step + int((~finite).nonzero()[0])
             raise FloatingPointError(

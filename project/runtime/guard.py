@@ -22,7 +22,8 @@ class RunGuard(Callback):
     - RNG states (``runs/checkpointing.py``): every rank's, in each checkpoint, restored on resume;
     - preemption (``runtime/preemption.py``): on SIGTERM to any rank, every rank stops at the same step, last.ckpt
       is saved, the run exits 143;
-    - samples/s (all ranks together) on the progress bar and in the logs, over each ``log_every_n_steps`` window,
+    - the training loss of each ``log_every_n_steps`` window (``train_loss_step``: the mean of the losses the NaN guard
+      keeps), and samples/s (all ranks together) over the window, on the progress bar and in the logs,
       with the model's TFLOP/s and, on GPUs Lightning knows, MFU (``runtime/throughput.py``): Lightning's
       ThroughputMonitor times every step, which needs a CUDA sync per step.
 
@@ -69,7 +70,9 @@ class RunGuard(Callback):
 
     def _log_samples_per_second(self, trainer: Trainer, pl_module: LightningModule) -> None:
         now = time.perf_counter()
-        if trainer.loggers or trainer.progress_bar_callback:  # a self.log call costs about a millisecond
+        if trainer.loggers or trainer.progress_bar_callback:  # a self.log call is not cheap: once per window
+            if self.non_finite.window_mean is not None:
+                pl_module.log("train_loss_step", self.non_finite.window_mean, prog_bar=True, on_step=True)
             samples_per_sec = self._samples * trainer.world_size / (now - self._start)
             pl_module.log("samples_per_sec", samples_per_sec, prog_bar=True, on_step=True)
             if self._flops_per_sample:
