@@ -211,7 +211,12 @@ class NonFiniteLosses:
 
     def check_weights(self, trainer: Trainer, state_dict: dict[str, torch.Tensor]) -> None:
         self.check(trainer)
-        bad = [name for name, value in state_dict.items() if value.is_floating_point() and not value.isfinite().all()]
+        shards = {name: value.to_local() if hasattr(value, "to_local") else value for name, value in state_dict.items()}
+        bad = [name for name, value in shards.items() if value.is_floating_point() and not value.isfinite().all()]
+        if len(shards) and any(hasattr(value, "to_local") for value in state_dict.values()):  # FSDP2: one decision
+            count = torch.tensor([len(bad)], device=next(iter(shards.values())).device)
+            dist.all_reduce(count)
+            bad = bad or (["a shard on another rank"] if count.item() else [])
         if bad:
             raise FloatingPointError(
                 f"non-finite weights at step {trainer.global_step} ({', '.join(bad[:3])}): not saving a checkpoint"

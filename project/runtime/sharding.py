@@ -21,6 +21,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from lightning.pytorch.strategies import ModelParallelStrategy
 from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
 from torch.distributed.constants import default_pg_timeout
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -92,6 +93,15 @@ class FSDP2Strategy(ModelParallelStrategy):
             if module is not network and isinstance(module, self.shard_classes):
                 fully_shard(module, **options)
         fully_shard(network, **options)
+
+    def lightning_module_state_dict(self) -> dict[str, Any]:
+        """This rank's shards, as they are (Lightning's copies them to the CPU first: most of a save's stall here).
+        The checkpoint's writer copies them once, to the file or, in the background, to its staging memory."""
+        return get_model_state_dict(self.model, options=StateDictOptions(cpu_offload=False))
+
+    def optimizer_state(self, optimizer: Any) -> dict[str, Any]:
+        optimizer = getattr(optimizer, "optimizer", optimizer)  # Lightning's wrapper
+        return get_optimizer_state_dict(self.model, optimizer, options=StateDictOptions(cpu_offload=False))
 
     def optimizer_step(self, *args: Any, **kwargs: Any) -> Any:
         """After each step, rank 0's buffers (BatchNorm's running statistics) on every rank, as DDP broadcasts them:
