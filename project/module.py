@@ -105,8 +105,8 @@ class ClassificationModule(LightningModule):
         getattr(self, f"{stage}_acc").update(logits, y)
 
     # Metric objects are logged once per epoch: each rank counts its own samples, summed across ranks at compute.
-    # (A self.log call costs Lightning about half a millisecond: per step, half of a small CPU step. RunGuard logs
-    # the training loss every log_every_n_steps steps, as train_loss_step.)
+    # (A self.log call per step would cost Lightning more than a small CPU step's work: docs/performance.md. RunGuard
+    # logs the training loss every log_every_n_steps steps, as train_loss_step.)
     def on_train_epoch_end(self) -> None:
         self._log_epoch_metrics("train")
 
