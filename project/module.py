@@ -55,9 +55,10 @@ class ClassificationModule(LightningModule):
         # average="micro" is plain accuracy; torchmetrics' default ("macro") is the per-class mean.
         self.val_acc = MulticlassAccuracy(num_classes, average="micro")
         self.test_acc = MulticlassAccuracy(num_classes, average="micro")
-        # Training: each batch's accuracy and loss, averaged weighted by batch size (exact, like the evaluation
-        # metrics), in two scalar states each: what ranks sync at every epoch's end, however short the epoch.
-        # nan_strategy "disable": no host sync per step (the NaN guard, RunGuard, checks losses).
+        # Training: per-sample correctness and loss, averaged (exact, like the evaluation metrics), in two scalar
+        # states each: what ranks sync at every epoch's end, however short the epoch. nan_strategy "disable": no host
+        # sync per step (the NaN guard, RunGuard, checks losses); it also drops `weight` (torchmetrics 1.9), so each
+        # sample counts through its own value.
         self.train_acc = MeanMetric(nan_strategy="disable")
         self.train_loss = MeanMetric(nan_strategy="disable")
         self.val_loss = MeanMetric()
@@ -84,8 +85,8 @@ class ClassificationModule(LightningModule):
         x, y = batch
         logits = self(x)
         loss = self.loss_fn(logits, y)
-        self.train_loss.update(loss.detach(), weight=len(y))
-        self.train_acc.update((logits.detach().argmax(dim=1) == y).float().mean(), weight=len(y))
+        self.train_loss.update(loss.detach().expand(len(y)))  # the batch's mean loss, once per sample
+        self.train_acc.update((logits.detach().argmax(dim=1) == y).float())
         return loss
 
     def validation_step(self, batch: list[Tensor], batch_idx: int) -> None:

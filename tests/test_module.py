@@ -21,6 +21,17 @@ def test_training_step_returns_cross_entropy_and_tracks_accuracy():
     assert torch.isclose(module.train_acc.compute(), expected_accuracy)  # what on_train_epoch_end logs
 
 
+def test_train_metrics_are_exact_per_sample_means_over_uneven_batches():
+    module = ClassificationModule(nn.Flatten(), num_classes=2)
+    batches = [  # logits are the inputs: 3 samples all correct, then 1 wrong
+        [torch.tensor([[5.0, 0.0], [0.0, 5.0], [5.0, 0.0]]), torch.tensor([0, 1, 0])],
+        [torch.tensor([[5.0, 0.0]]), torch.tensor([1])],
+    ]
+    losses = [module.training_step(batch, index) for index, batch in enumerate(batches)]
+    assert module.train_acc.compute().item() == 0.75
+    assert torch.isclose(module.train_loss.compute(), (3 * losses[0] + losses[1]) / 4)
+
+
 def test_eval_metrics_are_exact_per_sample_means_over_uneven_batches():
     module = ClassificationModule(nn.Flatten(), num_classes=2, label_smoothing=0.0)
     # Logits are the inputs: batch 1 (3 samples) all correct, batch 2 (1 sample) wrong.

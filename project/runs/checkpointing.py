@@ -10,6 +10,7 @@ checkpoint loads on another number of ranks (DCP reshards), in a plain DDP or on
 ``python -m project consolidate`` turns it into a single file.
 """
 
+import contextlib
 import os
 import pickle
 import random
@@ -125,9 +126,18 @@ def recover_interrupted_save(path: Path) -> None:
     checkpoint) and ``.NAME.partial`` (complete: the renames start once every rank has written) but no NAME."""
     partial, old = path.with_name(f".{path.name}.partial"), path.with_name(f".{path.name}.old")
     if not path.exists() and old.is_dir():
-        os.rename(partial if is_sharded(partial) and (partial / METADATA_FILE).is_file() else old, path)
+        with contextlib.suppress(OSError):  # every process of a job looks: one of them puts it in place
+            os.rename(partial if is_sharded(partial) and (partial / METADATA_FILE).is_file() else old, path)
     if path.exists():
-        shutil.rmtree(old, ignore_errors=True)
+        remove(old)
+
+
+def remove(path: Path) -> None:
+    """Removes PATH whatever it is (a checkpoint file or folder), if it is there."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def load_checkpoint_file(path: str | Path, map_location: Any = "cpu", mmap: bool = False) -> dict[str, Any]:

@@ -99,8 +99,9 @@ def start_new_run(config: Namespace) -> RunPlan:
     an earlier run. A requeued SLURM job (``SLURM_RESTART_COUNT`` > 0) continues the run its job started instead."""
     job, requeues = slurm_job_id(), int(os.environ.get("SLURM_RESTART_COUNT") or 0)
     if job and requeues > 0 and (folder := job_run_folder(config, job)) is not None:
-        last = folder / "checkpoints" / "last.ckpt"
-        config.ckpt_path = str(last) if last.is_file() else None
+        last = (fixed_checkpoint_folder(config) or folder / "checkpoints") / "last.ckpt"  # a file, or FSDP2's folder
+        recover_interrupted_save(last)
+        config.ckpt_path = str(last) if last.exists() else None
         what = f"resuming from {last}" if config.ckpt_path else "no checkpoint yet: starting over in its folder"
         rank_zero_only(report)(f"SLURM job {job}, requeued {requeues} time(s): {what}")
         return continue_run(config, folder)

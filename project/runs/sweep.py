@@ -199,7 +199,8 @@ def main(argv: list[str]) -> int:
         study_name=args.study,
         storage=args.storage,
         direction="maximize",
-        sampler=optuna.samplers.TPESampler(seed=args.seed),
+        # An array task is a process of its own: seeded apart, or every task would draw the same first trials.
+        sampler=optuna.samplers.TPESampler(seed=args.seed + int(os.environ.get("SLURM_ARRAY_TASK_ID", "0"))),
         pruner=optuna.pruners.MedianPruner(n_startup_trials=2) if args.prune else optuna.pruners.NopPruner(),
         load_if_exists=True,
     )
@@ -208,9 +209,9 @@ def main(argv: list[str]) -> int:
         parser.error(f"study {args.study!r} in {args.storage} was started with another space or fit command")
     study.set_user_attr("definition", definition)
     finished = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL)
-    if args.slurm_array is not None:
+    if args.slurm_array is not None:  # the trials run in the array; a task that died is the study's FAIL or RUNNING
         submit_array(args, fit_args, args.trials - len(study.get_trials(states=finished)))
-    while len(study.get_trials(states=finished)) < args.trials:
+    while args.slurm_array is None and len(study.get_trials(states=finished)) < args.trials:
         trial = study.ask(space)
         state, value = run_trial(trial, args.study, args.storage, fit_args, args.root / args.study)
         study.tell(trial, value, state=state)

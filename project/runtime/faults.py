@@ -118,6 +118,7 @@ class Heartbeat:
         self._store = dist.PrefixStore("project/heartbeat", store)
         self._store.set(str(trainer.global_rank), f"{trainer.global_step} {time.time()}")  # the first beat, at once
         self._stopped = threading.Event()
+        self.progress_at = time.monotonic()
         stall_s = timeout.total_seconds() * self.STALL_DUMP_FRACTION
         thread = threading.Thread(target=self._beat, args=(trainer.global_rank, stall_s), daemon=True)
         thread.start()

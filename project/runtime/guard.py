@@ -20,18 +20,18 @@ class RunGuard(Callback):
     - fail fast (``runtime/faults.py``): on an exception, names the failed rank and stops the ranks it launched;
     - NaN guard (``runtime/faults.py``): stops at a non-finite loss, never saves non-finite weights;
     - RNG states (``runs/checkpointing.py``): every rank's, in each checkpoint, restored on resume;
-    - preemption (``runtime/preemption.py``): on SIGTERM to any rank, every rank stops at the same step, last.ckpt
-      is saved, the run exits 143;
+    - preemption (``runtime/preemption.py``): on SIGTERM or SLURM's requeue signal to any rank, every rank stops at
+      the same step, last.ckpt is saved (the job requeued on the latter), the run exits 143;
     - the training loss of each ``log_every_n_steps`` window (``train_loss_step``: the mean of the losses the NaN guard
       keeps), and samples/s (all ranks together) over the window, on the progress bar and in the logs,
       with the model's TFLOP/s and, on GPUs Lightning knows, MFU (``runtime/throughput.py``): Lightning's
       ThroughputMonitor times every step, which needs a CUDA sync per step.
 
     A training step costs a list append and an addition here; the rest runs every ``log_every_n_steps`` steps
-    (NaN check, samples/s) and every ``preemption_check_every_n_steps`` steps (the SIGTERM flags' exchange).
+    (NaN check, samples/s) and every ``preemption_check_every_n_steps`` steps (the signal flags' exchange).
 
     Args:
-        preemption_check_every_n_steps: how often the ranks exchange their SIGTERM flags. A stop comes at most
+        preemption_check_every_n_steps: how often the ranks exchange their signal flags. A stop comes at most
             this many steps after the signal: keep steps x this well under the scheduler's grace period.
     """
 

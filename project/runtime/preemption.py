@@ -35,8 +35,9 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch import Trainer
 
+from project.runs.folders import slurm_job_id
 from project.runtime import lightning_internals as internals
-from project.runtime.faults import report
+from project.runtime.faults import finish_pending_save, report
 from project.runtime.requeue_signal import EarlyRequeueSignal
 
 # 128 + SIGTERM, what shells, SLURM and Kubernetes report for a process that SIGTERM ended: schedulers and scripts
@@ -69,11 +70,14 @@ class PreemptionCheck:
     def install(self, trainer: Trainer) -> None:
         """Called in ``setup("fit")`` on every rank: after the process group, before Lightning registers handlers."""
         internals.take_over_signals(trainer, on_sigterm=self._on_sigterm, on_requeue=self._on_requeue)
-        self.signalled, self._steps = REQUEUE_FLAG if EarlyRequeueSignal.received else 0, 0
-        EarlyRequeueSignal.check = self
+        self.signalled, self._steps = 0, 0
+        EarlyRequeueSignal.check = self  # first: a signal from now on reaches this check
+        if EarlyRequeueSignal.received:
+            self.signalled, EarlyRequeueSignal.received = REQUEUE_FLAG, False
         if trainer.world_size > 1:  # every rank creates the group, as new_group requires
             gloo = dist.get_backend() == dist.Backend.GLOO
-            self._group = dist.group.WORLD if gloo else dist.new_group(backend=dist.Backend.GLOO)
+            timeout = internals.process_group_timeout(trainer.strategy)
+            self._group = dist.group.WORLD if gloo else dist.new_group(backend=dist.Backend.GLOO, timeout=timeout)
 
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
         self.signalled |= SIGTERM_FLAG  # nothing else: no I/O, no collective inside a signal handler
@@ -97,6 +101,7 @@ class PreemptionCheck:
     def _stop(self, trainer: Trainer, flags: list[int]) -> None:
         launched = detach_launched_ranks(trainer)
         save_last_checkpoint(trainer)
+        finish_pending_save(trainer)  # FSDP2 writes in the background: on disk before the job is requeued or exits
         requeue = any(flag & REQUEUE_FLAG for flag in flags)
         if requeue:
             requeued = trainer.strategy.broadcast(requeue_slurm_job() if trainer.is_global_zero else None)
@@ -115,8 +120,7 @@ class PreemptionCheck:
 
 def requeue_slurm_job() -> str | None:
     """``scontrol requeue`` of this SLURM job (or array task); its id, or None when it could not be requeued."""
-    array_job = os.environ.get("SLURM_ARRAY_JOB_ID")
-    job = f"{array_job}_{os.environ['SLURM_ARRAY_TASK_ID']}" if array_job else os.environ.get("SLURM_JOB_ID")
+    job = slurm_job_id()
     if job is None:
         report("the requeue signal outside a SLURM job: not requeued")
         return None

@@ -25,7 +25,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.constants import default_pg_timeout
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from project.runs.checkpointing import METADATA_FILE, check_sharded, fsync_folder, is_sharded
+from project.runs.checkpointing import METADATA_FILE, check_sharded, fsync_folder, is_sharded, remove
 from project.runtime import lightning_internals as internals
 
 
@@ -78,7 +78,7 @@ class FSDP2Strategy(ModelParallelStrategy):
         super().setup_environment()
         if self.async_save and self.world_size > 1:
             # Its own gloo group: a background save's collectives must not pair with training's (a shared one hung).
-            self._save_group = dist.new_group(backend="gloo")
+            self._save_group = dist.new_group(backend="gloo", timeout=internals.process_group_timeout(self))
 
     def shard(self, network: nn.Module) -> None:
         """Makes each module of the policy's classes, then the network, a shard unit on the data-parallel mesh. Once:
@@ -138,8 +138,9 @@ class FSDP2Strategy(ModelParallelStrategy):
         self._promote(partial, path)
 
     def finish_pending_save(self) -> None:
-        """Waits for the background save, then renames it into place. Every rank calls it before the next save (and
-        at the end); no collective of its own, so a failing run can call it too."""
+        """Waits for the background save (its writes and its own gloo group's collectives), then renames it into place.
+        Every rank calls it before the next save and at the end; it adds no collective, so a failing run can call it
+        too (it then waits at most the process-group timeout)."""
         if self._pending is None:
             return
         future, partial, path = self._pending
@@ -153,11 +154,12 @@ class FSDP2Strategy(ModelParallelStrategy):
         if self.global_rank != 0 or not is_sharded(partial):
             return
         old = path.with_name(f".{path.name}.old")
+        remove(old)  # left by a run killed while removing it
         if path.exists():
             os.rename(path, old)  # a folder cannot be replaced in one rename
         os.rename(partial, path)
         fsync_folder(path.parent)
-        shutil.rmtree(old, ignore_errors=True)
+        remove(old)
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
         path = Path(checkpoint_path)
@@ -166,7 +168,8 @@ class FSDP2Strategy(ModelParallelStrategy):
         return super().load_checkpoint(checkpoint_path, weights_only)
 
     def remove_checkpoint(self, filepath: Any) -> None:
-        self.finish_pending_save()  # ModelCheckpoint removes an older top-k checkpoint: never one still written
+        if self._pending is not None and Path(filepath) == self._pending[2]:  # never one still being written
+            self.finish_pending_save()
         super().remove_checkpoint(filepath)
 
     def teardown(self) -> None:
