@@ -139,6 +139,7 @@ def build_cli(args: list[str] | None = None, run: bool = True, prog: str | None 
         ClassificationModule,
         BaseDataModule,
         subclass_mode_data=True,
+        auto_configure_optimizers=False,  # one way to set them: model.optimizer/model.scheduler, saved in config.yaml
         trainer_defaults={"use_distributed_sampler": False},
         save_config_callback=folders.RunRecord,
         save_config_kwargs={"overwrite": False},

@@ -15,6 +15,7 @@ from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
 from project.runtime.sharding import FSDP2Strategy
+from project.schedules import WarmupCosineLR
 
 
 class ClassificationModule(LightningModule):
@@ -24,8 +25,12 @@ class ClassificationModule(LightningModule):
         network: any ``nn.Module`` mapping a batch of inputs to ``num_classes`` logits.
         num_classes: linked from the data module by the CLI.
         label_smoothing: passed to ``CrossEntropyLoss``.
-        optimizer: called with the parameters; SGD by default (lr, momentum, ... in the config).
-        scheduler: optional, called with the optimizer; stepped once per epoch.
+        optimizer: called with the parameters; SGD by default (lr, momentum, ... in the config). The one place to set
+            it: the CLI has no ``--optimizer``/``--lr_scheduler`` of its own.
+        scheduler: optional, called with the optimizer. ``project.schedules.WarmupCosineLR`` (warm-up, then cosine
+            to the end of the run) gets the run's length here, when training starts.
+        scheduler_interval: step the scheduler after every optimizer ``step`` or at the end of every ``epoch`` (for
+            torch schedulers counted in epochs, e.g. ``StepLR``'s ``step_size``).
         compile: ``torch.compile`` the network (``true``, or its options: ``{mode: max-autotune, fullgraph: true}``).
             Compiled in place (``nn.Module.compile``), so checkpoints are the same with and without it.
         channels_last: convolution weights and 4-D inputs in NHWC layout, which GPU convolution kernels prefer.
@@ -40,6 +45,7 @@ class ClassificationModule(LightningModule):
         label_smoothing: float = 0.0,
         optimizer: OptimizerCallable = torch.optim.SGD,
         scheduler: LRSchedulerCallable | None = None,
+        scheduler_interval: Literal["step", "epoch"] = "step",
         compile: bool | dict[str, Any] = False,
         channels_last: bool = False,
         matmul_precision: Literal["highest", "high", "medium"] | None = None,
@@ -96,7 +102,8 @@ class ClassificationModule(LightningModule):
         self._evaluate(batch, "test")
 
     def predict_step(self, batch: list[Tensor], batch_idx: int) -> Tensor:
-        return self(batch[0]).argmax(dim=1)
+        """Each input's class probabilities (runs/outputs.py writes them with the predicted class)."""
+        return self(batch[0]).softmax(dim=1)
 
     def _evaluate(self, batch: list[Tensor], stage: str) -> None:
         x, y = batch
@@ -125,4 +132,16 @@ class ClassificationModule(LightningModule):
         optimizer = self.optimizer(self.parameters())
         if self.scheduler is None:
             return optimizer
-        return {"optimizer": optimizer, "lr_scheduler": self.scheduler(optimizer)}
+        scheduler = {"scheduler": self.scheduler(optimizer), "interval": self.hparams.scheduler_interval}
+        return {"optimizer": optimizer, "lr_scheduler": scheduler}
+
+    def on_train_start(self) -> None:
+        """Ties a ``WarmupCosineLR`` without ``total_steps`` to this run's length. Here, not in
+        ``configure_optimizers``: the estimate loads the training data, which there would be before a resumed run's
+        loader position is restored, and the position would be lost (Lightning issue #20550)."""
+        for config in self.trainer.lr_scheduler_configs:
+            if isinstance(config.scheduler, WarmupCosineLR) and config.scheduler.user_total_steps is None:
+                length = (
+                    self.trainer.estimated_stepping_batches if config.interval == "step" else self.trainer.max_epochs
+                )
+                config.scheduler.fit_to(int(length))
