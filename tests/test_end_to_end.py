@@ -1,5 +1,6 @@
 """The README's path, for real: fit with DDP on 2 CPU processes, then test the checkpoint on 1, 2, 3."""
 
+import csv
 import json
 
 import pytest
@@ -60,13 +61,17 @@ def test_predict_on_two_processes_writes_every_test_sample_in_order(ddp_run, tes
     result = run_project("predict", *args, cwd=REPO)
     assert result.returncode == 0, result.stderr[-3000:]
     [path] = tmp_path.glob("lightning_logs/version_*/predictions.csv")
-    rows = [line.split(",") for line in path.read_text().splitlines()[1:]]
-    assert [int(index) for index, _ in rows] == list(range(359))
+    with path.open(newline="") as file:
+        rows = list(csv.DictReader(file))
+    assert [int(row["input"]) for row in rows] == list(range(359))
     data = DigitsDataModule()
     data.setup("predict")
     labels = data.splits["test"].tensors[1]
-    predictions = torch.tensor([int(pred) for _, pred in rows])
+    predictions = torch.tensor([int(row["prediction"]) for row in rows])
     assert (predictions == labels).float().mean().item() == pytest.approx(test_metrics[1]["test_acc"])
+    probabilities = torch.tensor([[float(row[f"probability_{digit}"]) for digit in range(10)] for row in rows])
+    assert torch.equal(probabilities.argmax(dim=1), predictions)
+    assert probabilities.sum(dim=1) == pytest.approx(torch.ones(359), abs=1e-5)
 
 
 def test_saved_config_reruns_the_same_experiment(ddp_run, tmp_path):

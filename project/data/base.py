@@ -13,6 +13,7 @@ epoch, the rank and the worker (a loader generator seeded with ``seed`` draws a 
 
 import os
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 import torch
 from lightning.pytorch import LightningDataModule
@@ -53,10 +54,13 @@ class BaseDataModule(LightningDataModule):
             ``StatefulDataLoader``; its default, every batch, costs images/s with several workers: see
             docs/performance.md). A checkpoint between two snapshots stays exact: on resume the loader loads and
             skips the batches since.
+        predict_path: new inputs for ``predict`` (a folder of images, a table: what ``read_inputs`` of the data
+            module reads); ``None``: ``predict`` runs on the test split.
     """
 
     num_classes: int
     input_shape: tuple[int, ...]
+    classes: list[str] | None = None  # the class names, where the data has them (predictions name the class)
 
     def __init__(
         self,
@@ -76,6 +80,7 @@ class BaseDataModule(LightningDataModule):
         persistent_workers: bool = True,
         prefetch_factor: int | None = None,
         snapshot_every_n_steps: int = 64,
+        predict_path: str | None = None,
     ) -> None:
         super().__init__()
         if batch_size < 1:
@@ -89,6 +94,10 @@ class BaseDataModule(LightningDataModule):
             raise ValueError(f"prefetch_factor must be >= 1 and needs num_workers > 0; got {prefetch_factor}")
         if snapshot_every_n_steps < 1:
             raise ValueError(f"snapshot_every_n_steps must be >= 1, got {snapshot_every_n_steps}")
+        if predict_path is not None and type(self).read_inputs is BaseDataModule.read_inputs:
+            raise ValueError(f"{type(self).__name__} cannot read new inputs: predict_path needs a data module that can")
+        if predict_path is not None and not os.path.exists(predict_path):
+            raise ValueError(f"predict_path not found: {predict_path}")
         # Objects stay attributes; num_classes and input_shape would clash with the model's (linked) values.
         ignored = ["train", "val", "test", "train_transforms", "eval_transforms", "num_classes", "input_shape"]
         self.save_hyperparameters(ignore=ignored)
@@ -96,13 +105,21 @@ class BaseDataModule(LightningDataModule):
         self.transforms["test"] = self.transforms["val"]
         self.augmented = augments(train_transforms, eval_transforms)  # training samples then carry seeds
         self.splits: dict[str, Dataset] = {}
+        self.predict_names: list[str] | None = None  # the inputs of predict_path, by index, once loaded
 
     def datasets(self) -> dict[str, Dataset]:
         """The untransformed datasets by split name; ``train`` is required, missing val/test are split off it."""
         raise NotImplementedError
 
+    def read_inputs(self, path: Path) -> tuple[Dataset, list[str]]:
+        """The new inputs at ``path`` (``predict_path``) as ``(input, any label)`` pairs, untransformed, and their names
+        (a file's path, a row's number); data modules that can read new inputs implement it."""
+        raise NotImplementedError
+
     def discover(self, train: Dataset, num_classes: int | None = None, input_shape: tuple | None = None) -> None:
         """Sets ``num_classes`` and ``input_shape``: as given, else from ``train.classes`` and its first sample."""
+        classes = getattr(train, "classes", None)
+        self.classes = [str(name) for name in classes] if classes is not None else None
         if num_classes is None and not hasattr(self, "num_classes"):
             if not hasattr(train, "classes"):
                 raise ValueError(f"give data.init_args.num_classes: {type(train).__name__} has no `classes`")
@@ -146,7 +163,13 @@ class BaseDataModule(LightningDataModule):
         return self._eval_loader("test")
 
     def predict_dataloader(self) -> Iterable:
-        return self._eval_loader("test")
+        if self.hparams.predict_path is None:
+            return self._eval_loader("test")
+        inputs, self.predict_names = self.read_inputs(Path(self.hparams.predict_path))
+        if self.transforms["val"]:
+            inputs = Transformed(inputs, self.transforms["val"])
+        num_replicas, rank = self._ranks()
+        return self._loader(inputs, ExactDistributedSampler(inputs, num_replicas, rank))
 
     def _eval_loader(self, name: str) -> Iterable:
         num_replicas, rank = self._ranks()

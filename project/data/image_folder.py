@@ -47,11 +47,36 @@ class ImageFolderDataModule(BaseDataModule):
         kwargs["train_transforms"] = kwargs.get("train_transforms") or train
         kwargs["eval_transforms"] = kwargs.get("eval_transforms") or evaluate
         super().__init__(**kwargs)
-        self.folders = image_folders(Path(root), "L" if grayscale else "RGB")
+        self.mode = "L" if grayscale else "RGB"
+        self.folders = image_folders(Path(root), self.mode)
         self.discover(self.folders["train"])
+        if self.hparams.predict_path is not None:  # a folder without images is refused before anything runs
+            self.read_inputs(Path(self.hparams.predict_path))
 
     def datasets(self) -> dict[str, Dataset]:
         return self.folders
+
+    def read_inputs(self, path: Path) -> tuple[Dataset, list[str]]:
+        """Every image file under ``path`` (a folder, searched recursively, or one image), in path order."""
+        from torchvision.datasets.folder import IMG_EXTENSIONS
+
+        files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.suffix.lower() in IMG_EXTENSIONS)
+        if not files:
+            raise ValueError(f"predict_path {path} holds no image ({', '.join(IMG_EXTENSIONS)})")
+        return ImageFiles(files, self.mode), [str(file) for file in files]
+
+
+class ImageFiles(Dataset):
+    """``(image, 0)`` for each file: new images to predict, without labels."""
+
+    def __init__(self, files: list[Path], mode: str) -> None:
+        self.files, self.mode = files, mode
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, index: int) -> tuple:
+        return load_image(str(self.files[index]), self.mode), 0
 
 
 def image_folders(root: Path, mode: str) -> dict[str, Dataset]:

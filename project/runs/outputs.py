@@ -1,14 +1,14 @@
 """What a run shows and leaves behind besides checkpoints and logs: the progress bar, test metrics, predictions."""
 
+import csv
 import json
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.callbacks import BasePredictionWriter, RichProgressBar
+from lightning.pytorch.callbacks import RichProgressBar
 
 
 class ProgressBar(RichProgressBar):
@@ -45,30 +45,45 @@ class TestMetricsWriter(Callback):
         print(f"test metrics written to {path}: {json.dumps(metrics, sort_keys=True)}")
 
 
-class PredictionsWriter(BasePredictionWriter):
-    """Writes ``predict``'s outputs to ``<log_dir>/predictions.csv`` as ``index,prediction`` rows.
+class PredictionsWriter(Callback):
+    """Writes ``predict``'s outputs to ``<log_dir>/predictions.csv``: per input, a row of ``input`` (its index in the
+    test split, or with ``data.predict_path`` the file's path or the table's row number), ``prediction`` (the class's
+    name where the data has names, else its index) and one ``probability_<class>`` column per class.
 
-    Each rank predicts its own shard; the shards are gathered once and put back in data set order
-    using the shard's sampler indices (Lightning's ``batch_indices`` exist only for DataLoaders).
+    Each rank predicts its own shard; the shards are gathered once and put back in data set order using the shard's
+    sampler indices. (Not a ``BasePredictionWriter``: Lightning then looks for batch indices, which exist only for
+    DataLoaders, and warns on the tensor loader.)
     """
 
     def __init__(self, filename: str = "predictions.csv") -> None:
-        super().__init__(write_interval="epoch")
         self.filename = filename
+        self.outputs: list[torch.Tensor] = []
 
-    def write_on_epoch_end(
-        self, trainer: Trainer, pl_module: LightningModule, predictions: Sequence[Any], batch_indices: Any
-    ) -> None:
+    def on_predict_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.outputs = []
+
+    def on_predict_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, *args: Any) -> None:
+        self.outputs.append(outputs.cpu())
+
+    def on_predict_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         log_dir = trainer.log_dir or trainer.default_root_dir  # log_dir broadcasts: every rank calls it
-        shard = (list(trainer.predict_dataloaders.sampler), torch.cat(list(predictions)).tolist())
+        shard = (list(trainer.predict_dataloaders.sampler), torch.cat(self.outputs).tolist() if self.outputs else [])
         shards = [shard]
         if dist.is_available() and dist.is_initialized():
             shards = [None] * dist.get_world_size()
             dist.all_gather_object(shards, shard)
         if not trainer.is_global_zero:
             return
-        rows = sorted(row for indices, preds in shards for row in zip(indices, preds, strict=True))
+        rows = sorted(row for indices, probabilities in shards for row in zip(indices, probabilities, strict=True))
+        names = getattr(trainer.datamodule, "predict_names", None)
+        width = len(rows[0][1]) if rows else 0
+        classes = getattr(trainer.datamodule, "classes", None) or [str(index) for index in range(width)]
         path = Path(log_dir) / self.filename
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("index,prediction\n" + "".join(f"{index},{pred}\n" for index, pred in rows))
+        with path.open("w", newline="") as file:
+            writer = csv.writer(file)
+            writer.writerow(["input", "prediction", *(f"probability_{name}" for name in classes)])
+            for index, probabilities in rows:
+                best = max(range(len(probabilities)), key=probabilities.__getitem__)
+                writer.writerow([names[index] if names else index, classes[best], *(f"{p:.6g}" for p in probabilities)])
         print(f"{len(rows)} predictions written to {path}")
