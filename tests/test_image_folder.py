@@ -1,5 +1,6 @@
 """ImageFolderDataModule on a real image folder (the digits as PNG files): DDP fit, exact evaluation, bad input."""
 
+import csv
 import json
 import re
 import shutil
@@ -70,6 +71,29 @@ def test_held_out_accuracy_is_high_and_identical_on_one_two_and_three_processes(
     assert test_metrics[1]["test_acc"] >= 0.90
     assert test_metrics[1]["test_acc"] == test_metrics[2]["test_acc"] == test_metrics[3]["test_acc"]
     assert test_metrics[3]["test_loss"] == pytest.approx(test_metrics[1]["test_loss"], rel=1e-5)
+
+
+def test_predict_on_a_folder_of_new_images_writes_each_path_its_class_and_probabilities(images, fitted, tmp_path):
+    new = tmp_path / "new"
+    expected = {}
+    for digit in ("3", "7"):  # test images, copied under other names into one folder (and a subfolder)
+        for number, image in enumerate(sorted((images / "test" / digit).glob("*.png"))[:3]):
+            copy = new / ("more" if number else "") / f"{digit}_{number}.png"
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(image, copy)
+            expected[str(copy)] = digit
+    flags = ("--data.init_args.predict_path", str(new), "--ckpt_path", str(last_checkpoint(fitted)))
+    result = run_project("predict", *image_args(tmp_path / "run", images, *flags, "--trainer.devices", "2"), cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    with (run_folder(tmp_path / "run") / "predictions.csv").open(newline="") as file:
+        rows = list(csv.DictReader(file))
+    assert [row["input"] for row in rows] == sorted(expected)  # every file once, in path order, across 2 ranks
+    assert sum(row["prediction"] == expected[row["input"]] for row in rows) >= 5  # the class folder's name
+    for row in rows:
+        probabilities = [float(row[f"probability_{digit}"]) for digit in "0123456789"]
+        assert sum(probabilities) == pytest.approx(1, abs=1e-5) and max(probabilities) == float(
+            row[f"probability_{row['prediction']}"]
+        )
 
 
 def test_one_folder_of_classes_is_split_by_the_fractions(images):

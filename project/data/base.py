@@ -106,6 +106,7 @@ class BaseDataModule(LightningDataModule):
         self.augmented = augments(train_transforms, eval_transforms)  # training samples then carry seeds
         self.splits: dict[str, Dataset] = {}
         self.predict_names: list[str] | None = None  # the inputs of predict_path, by index, once loaded
+        self.predict_sampler: Sampler | None = None
 
     def datasets(self) -> dict[str, Dataset]:
         """The untransformed datasets by split name; ``train`` is required, missing val/test are split off it."""
@@ -163,13 +164,15 @@ class BaseDataModule(LightningDataModule):
         return self._eval_loader("test")
 
     def predict_dataloader(self) -> Iterable:
-        if self.hparams.predict_path is None:
-            return self._eval_loader("test")
-        inputs, self.predict_names = self.read_inputs(Path(self.hparams.predict_path))
-        if self.transforms["val"]:
-            inputs = Transformed(inputs, self.transforms["val"])
-        num_replicas, rank = self._ranks()
-        return self._loader(inputs, ExactDistributedSampler(inputs, num_replicas, rank))
+        """The test split, or the new inputs at ``predict_path``. Its sampler stays here, ``predict_sampler``: the
+        order the predictions come in (Lightning rebuilds a DataLoader for predict, its ``sampler`` then not ours)."""
+        inputs = self.splits["test"]
+        if self.hparams.predict_path is not None:
+            inputs, self.predict_names = self.read_inputs(Path(self.hparams.predict_path))
+            if self.transforms["val"]:
+                inputs = Transformed(inputs, self.transforms["val"])
+        self.predict_sampler = ExactDistributedSampler(inputs, *self._ranks())
+        return self._loader(inputs, self.predict_sampler)
 
     def _eval_loader(self, name: str) -> Iterable:
         num_replicas, rank = self._ranks()

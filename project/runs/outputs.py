@@ -51,8 +51,8 @@ class PredictionsWriter(Callback):
     name where the data has names, else its index) and one ``probability_<class>`` column per class.
 
     Each rank predicts its own shard; the shards are gathered once and put back in data set order using the shard's
-    sampler indices. (Not a ``BasePredictionWriter``: Lightning then looks for batch indices, which exist only for
-    DataLoaders, and warns on the tensor loader.)
+    sampler indices (the data module's ``predict_sampler``). Not a ``BasePredictionWriter``: Lightning then looks for
+    batch indices, which exist only for DataLoaders, and warns on the tensor loader.
     """
 
     def __init__(self, filename: str = "predictions.csv") -> None:
@@ -67,7 +67,7 @@ class PredictionsWriter(Callback):
 
     def on_predict_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         log_dir = trainer.log_dir or trainer.default_root_dir  # log_dir broadcasts: every rank calls it
-        shard = (list(trainer.predict_dataloaders.sampler), torch.cat(self.outputs).tolist() if self.outputs else [])
+        shard = (list(trainer.datamodule.predict_sampler), torch.cat(self.outputs).tolist() if self.outputs else [])
         shards = [shard]
         if dist.is_available() and dist.is_initialized():
             shards = [None] * dist.get_world_size()
