@@ -211,6 +211,9 @@ KNOWN_NOISE = (
     # Fewer training batches than log_every_n_steps (a small table): the step-loss windows count steps across epochs
     # and the epoch metrics are logged every epoch, so the logs the warning promises are there.
     (r"The number of training batches \(\d+\) is smaller than", "lightning.pytorch.loops.fit_loop", "lightning", "2."),
+    # test/predict from a run's checkpoint write into a run folder of their own: ModelCheckpoint's state in the
+    # checkpoint names the training run's folder, and is of no use there (a resumed fit stays in its run's folder).
+    (r"The dirpath has changed from", "lightning.pytorch.callbacks.model_checkpoint", "lightning", "2."),
 )
 
 # Third-party log lines a run would print: (the message's start, the logger, package, its versions known to log it).
