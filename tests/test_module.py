@@ -55,7 +55,8 @@ def test_optimizer_and_scheduler_come_from_the_injected_callables():
     )
     config = module.configure_optimizers()
     assert config["optimizer"].defaults["lr"] == 0.5 and config["optimizer"].defaults["nesterov"]
-    assert isinstance(config["lr_scheduler"], torch.optim.lr_scheduler.StepLR)
+    assert isinstance(config["lr_scheduler"]["scheduler"], torch.optim.lr_scheduler.StepLR)
+    assert config["lr_scheduler"]["interval"] == "step"  # the default: stepped after every optimizer step
 
 
 def test_train_acc_counts_every_sample_of_every_rank_once(tmp_path):
