@@ -69,9 +69,8 @@ class TableDataModule(InMemoryDataModule):
     def read_inputs(self, path: Path) -> tuple[Dataset, list[str]]:
         """``predict_path``'s rows, standardised like the training data, named by their row number."""
         values = self.standardise(self.new_inputs)
-        return TensorDataset(values, torch.zeros(len(values), dtype=torch.long)), [
-            str(row + 1) for row in range(len(values))
-        ]
+        rows = [str(row) for row in range(1, len(values) + 1)]
+        return TensorDataset(values, torch.zeros(len(values), dtype=torch.long)), rows
 
 
 def read_table(path: Path) -> Columns:
