@@ -16,7 +16,8 @@ def main(args: list[str] | None = None) -> None:
     EarlyRequeueSignal.catch()
     import torch.distributed as dist
 
-    from project.cli import build_cli, program_name
+    from project.cli import build_cli
+    from project.runs.folders import program_name
     from project.runtime import doctor
     from project.runtime.lightning_internals import LightningMismatch, silence_known_noise
 

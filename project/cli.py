@@ -5,7 +5,6 @@ Every config key is a constructor argument of the Trainer, the model, the data m
 (``checkpoint``) or ``RunGuard`` (``guard``); this file only links them together and adds what every run needs.
 """
 
-from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
@@ -147,8 +146,3 @@ def build_cli(args: list[str] | None = None, run: bool = True, prog: str | None 
         args=args,
         run=run,
     )
-
-
-def program_name(argv0: str) -> str:
-    """How the user called us, for usage and error lines: ``python -m project`` or the console command."""
-    return f"python -m {__package__}" if Path(argv0).name == "__main__.py" else Path(argv0).name

@@ -1,5 +1,5 @@
-"""Test-only callbacks, used by class path (tests/ is on PYTHONPATH): a rank fails or is signalled at a chosen step;
-a rank counts its collectives."""
+"""Test-only callbacks, used by class path (tests/ is on PYTHONPATH): a rank fails, is signalled or pauses at a chosen
+step; a rank counts its collectives."""
 
 import json
 import os
@@ -40,6 +40,22 @@ class FailAt(Callback):
             os.kill(os.getpid(), getattr(signal, self.action.upper()))
             return
         raise RuntimeError(f"injected failure on rank {trainer.global_rank} at step {self.step}")
+
+
+class PauseAt(Callback):
+    """At the end of training step ``step`` (global step), rank ``rank`` creates ``<folder>/paused`` and waits, up to a
+    minute, for ``<folder>/go``: a test signals the run from outside at a known step, then lets it go on."""
+
+    def __init__(self, step: int, folder: str, rank: int = 0) -> None:
+        self.step, self.folder, self.rank = step, Path(folder), rank
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: object) -> None:
+        if trainer.global_step != self.step or trainer.global_rank != self.rank:
+            return
+        (self.folder / "paused").touch()
+        deadline = time.monotonic() + 60
+        while not (self.folder / "go").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
 
 
 class SlowSteps(Callback):

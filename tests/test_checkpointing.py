@@ -49,6 +49,21 @@ def test_killing_the_process_mid_save_leaves_the_previous_checkpoint_readable(tm
         assert torch.equal(loaded["w"], expected)
 
 
+def test_a_save_interrupted_by_an_exception_leaves_no_partial_file_and_the_previous_checkpoint(tmp_path):
+    """A second Ctrl-C raises in the middle of a save (runtime/preemption.py's ``Interrupted``, a SystemExit)."""
+
+    class CtrlC:
+        def __reduce__(self):
+            raise SystemExit(130)
+
+    ckpt = tmp_path / "last.ckpt"
+    AtomicCheckpointIO().save_checkpoint({"i": 0, "w": torch.zeros(1_000_000)}, ckpt)
+    with pytest.raises(SystemExit):  # pickled after the tensor: the partial file holds its bytes by then
+        AtomicCheckpointIO().save_checkpoint({"w": torch.ones(1_000_000), "later": CtrlC()}, ckpt)
+    assert [path.name for path in tmp_path.iterdir()] == ["last.ckpt"]
+    assert torch.load(ckpt, weights_only=True)["i"] == 0
+
+
 def test_a_checkpoint_with_pickled_code_is_refused_and_the_code_never_runs(tmp_path):
     class Payload:
         def __reduce__(self):

@@ -159,8 +159,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     """Saves atomically and loads weights-only.
 
     The file is written beside its target, flushed to disk, then renamed over it, so a process killed
-    mid-save leaves the previous checkpoint intact. (Lightning stages the file in the system temp folder:
-    when the run folder is on another file system, a cluster's shared one, its final move is a plain copy.)
+    mid-save leaves the previous checkpoint intact; a save interrupted by an exception (a second Ctrl-C) removes its
+    partial file. (Lightning stages the file in the system temp folder: when the run folder is on another file
+    system, a cluster's shared one, its final move is a plain copy.)
     """
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
@@ -169,11 +170,15 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(f".{path.name}.partial")  # no *.ckpt name: never taken for a checkpoint
-        with open(partial, "wb") as file:
-            torch.save(checkpoint, file)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(partial, path)
+        try:
+            with open(partial, "wb") as file:
+                torch.save(checkpoint, file)
+                file.flush()
+                os.fsync(file.fileno())
+            os.replace(partial, path)
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
 
     def load_checkpoint(self, path: Any, map_location: Any | None = None, weights_only: bool | None = None) -> dict:
         if "://" in str(path):

@@ -11,6 +11,7 @@ runs (MLflow, W&B), whose ids the run records in ``trackers.json``.
 import json
 import os
 import re
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,24 @@ def prepare_run(config: Namespace, subcommand: str) -> RunPlan:
     else:
         plan = RunPlan()
     return plan
+
+
+def program_name(argv0: str) -> str:
+    """How the user called us, for usage and error lines: ``python -m project`` or the console command."""
+    package = __package__.partition(".")[0]
+    return f"python -m {package}" if Path(argv0).name == "__main__.py" else Path(argv0).name
+
+
+def resume_command(argv: list[str]) -> str:
+    """The command that resumes the run this process trains, from ARGV (``sys.argv``): the same command, with
+    ``--ckpt_path last`` in place of any ``--ckpt_path`` it had."""
+    args, rest = [], iter(argv[1:])
+    for arg in rest:
+        if arg == "--ckpt_path":
+            next(rest, None)
+        elif not arg.startswith("--ckpt_path="):
+            args.append(arg)
+    return shlex.join([*program_name(argv[0]).split(), *args, "--ckpt_path", "last"])
 
 
 def use_newest_run(config: Namespace, resume: bool) -> RunPlan:

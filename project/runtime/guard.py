@@ -9,7 +9,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from project.runs.checkpointing import gather_rng_states, restore_rng_states
 from project.runtime import lightning_internals as internals
 from project.runtime.faults import FailFast, NonFiniteLosses, report
-from project.runtime.preemption import Preempted, PreemptionCheck
+from project.runtime.preemption import Interrupted, Preempted, PreemptionCheck
 from project.runtime.throughput import flops_per_sample, peak_flops
 
 
@@ -20,8 +20,9 @@ class RunGuard(Callback):
     - fail fast (``runtime/faults.py``): on an exception, names the failed rank and stops the ranks it launched;
     - NaN guard (``runtime/faults.py``): stops at a non-finite loss, never saves non-finite weights;
     - RNG states (``runs/checkpointing.py``): every rank's, in each checkpoint, restored on resume;
-    - preemption (``runtime/preemption.py``): on SIGTERM or SLURM's requeue signal to any rank, every rank stops at
-      the same step, last.ckpt is saved (the job requeued on the latter), the run exits 143;
+    - preemption (``runtime/preemption.py``): on SIGTERM, SLURM's requeue signal or Ctrl-C to any rank, every rank
+      stops at the same step, last.ckpt is saved (the job requeued on the requeue signal), the run exits 143 (130 on
+      Ctrl-C; a second Ctrl-C stops at once without saving);
     - the training loss of each ``log_every_n_steps`` window (``train_loss_step``: the mean of the losses the NaN guard
       keeps), and samples/s (all ranks together) over the window, on the progress bar and in the logs,
       with the model's TFLOP/s and, on GPUs Lightning knows, MFU (``runtime/throughput.py``): Lightning's
@@ -109,5 +110,11 @@ class RunGuard(Callback):
         restore_rng_states(trainer, checkpoint)
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        if not isinstance(exception, Preempted):
+        if isinstance(exception, Preempted):
+            self.preemption.restore_interrupt_handler()
+        elif isinstance(exception, (Interrupted, KeyboardInterrupt)):  # Ctrl-C: not a failure
+            self.fail_fast.heartbeat.stop()
+            self.preemption.stop_at_once(trainer, exception)
+        else:
             self.fail_fast.on_exception(trainer, exception)
+            self.preemption.restore_interrupt_handler()

@@ -20,6 +20,7 @@ import importlib
 import importlib.metadata
 import inspect
 import logging
+import signal
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -90,10 +91,12 @@ PARTS = (
         "SIGTERM preemption and SLURM requeue (runtime/preemption.py)",
         True,
         "_TrainingEpochLoop._broadcast_sigterm_tensor, _SignalConnector._sigterm_notifier_fn and"
-        " _slurm_sigusr_handler_fn",
+        " _slurm_sigusr_handler_fn, and the handlers its teardown restores (_original_handlers, for Ctrl-C)",
         lambda: (
             _has(_TrainingEpochLoop, "_broadcast_sigterm_tensor")
             and _has(_SignalConnector, "_sigterm_notifier_fn", "_slurm_sigusr_handler_fn")
+            and _calls(getattr(_SignalConnector, "register_signal_handlers", None), "self._original_handlers =")
+            and _calls(getattr(_SignalConnector, "teardown", None), "self._original_handlers.items()")
         ),
     ),
     Part(
@@ -241,13 +244,28 @@ def _without(start: str) -> Callable[[logging.LogRecord], bool]:
 
 
 def take_over_signals(
-    trainer: Trainer, on_sigterm: Callable[[int, Any], None], on_requeue: Callable[[int, Any], None]
+    trainer: Trainer,
+    on_sigterm: Callable[[int, Any], None],
+    on_requeue: Callable[[int, Any], None],
+    on_interrupt: Callable[[int, Any], None] | None = None,
 ) -> None:
     """Lightning's per-step SIGTERM broadcast does nothing; ON_SIGTERM replaces its SIGTERM handler and ON_REQUEUE its
-    SLURM requeue-signal handler (called in ``setup("fit")``, before Lightning registers its handlers)."""
+    SLURM requeue-signal handler (called in ``setup("fit")``, before Lightning registers its handlers). ON_INTERRUPT,
+    when given, handles SIGINT from now on; Lightning's teardown puts SIGINT's previous handler back with the others
+    (it records the handlers when it registers its own: SIGINT's is then ON_INTERRUPT, so the record is mended)."""
+    connector = trainer._signal_connector
     trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = lambda: None
-    trainer._signal_connector._sigterm_notifier_fn = on_sigterm
-    trainer._signal_connector._slurm_sigusr_handler_fn = on_requeue
+    connector._sigterm_notifier_fn = on_sigterm
+    connector._slurm_sigusr_handler_fn = on_requeue
+    if on_interrupt is None:
+        return
+    previous = signal.signal(signal.SIGINT, on_interrupt)
+
+    def register_signal_handlers() -> None:
+        _SignalConnector.register_signal_handlers(connector)
+        connector._original_handlers[signal.SIGINT] = previous
+
+    connector.register_signal_handlers = register_signal_handlers
 
 
 def launched_processes(trainer: Trainer) -> list | None:

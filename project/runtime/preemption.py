@@ -1,5 +1,6 @@
-"""Preemption and requeue: on SIGTERM or SLURM's requeue signal to any rank, every rank stops at the same step and
-``last.ckpt`` is saved; on the requeue signal the job is requeued too. The run exits 143.
+"""Preemption, requeue and Ctrl-C: on SIGTERM, SLURM's requeue signal or SIGINT (Ctrl-C) to any rank, every rank stops
+at the same step and ``last.ckpt`` is saved; on the requeue signal the job is requeued too. The run exits 143 (130
+after Ctrl-C); a second Ctrl-C stops it at once, without saving.
 
 SLURM (``scancel``, a time limit, preemption) and Kubernetes (eviction, a deleted pod) send SIGTERM, then
 SIGKILL after a grace period. Lightning 2.6 handles SIGTERM with two private pieces that this file replaces (through
@@ -23,19 +24,30 @@ in the middle of a step and of whatever collective the ranks are in: it hung a 2
 timeout, and a requeued job resumed one optimizer step short. Here the handler only sets a flag; at the next agreed
 step every rank stops, rank 0 saves ``last.ckpt``, requeues the job (``scontrol requeue``) while every rank waits, and
 every process exits. The requeued job resumes from its run's ``last.ckpt`` (``runs/folders.py``).
+
+Ctrl-C (SIGINT: a terminal sends it to every process of the command, ``kill -INT`` to one) goes the same way, with exit
+code 130. Lightning handles no SIGINT: Python raises KeyboardInterrupt wherever the rank is, Lightning's
+``_call_and_handle_interrupt`` reports it and exits 1, and nothing is saved. Here the first Ctrl-C sets a flag; a
+second one, or one before the first training step (nothing to save yet), raises ``Interrupted``: the ranks this
+process launched are killed at once and the process exits 130 without saving (an interrupted checkpoint write leaves
+the previous file, runs/checkpointing.py). A DataLoader worker forked from a rank lets the first Ctrl-C pass (its
+rank decides) and ends on the second.
 """
 
 import os
 import signal
 import subprocess
+import sys
+import threading
 import time
 from types import FrameType
 
 import torch
 import torch.distributed as dist
+from lightning.fabric.plugins.environments import LightningEnvironment
 from lightning.pytorch import Trainer
 
-from project.runs.folders import slurm_job_id
+from project.runs.folders import resume_command, slurm_job_id
 from project.runtime import lightning_internals as internals
 from project.runtime.faults import finish_pending_save, report
 from project.runtime.requeue_signal import EarlyRequeueSignal
@@ -43,17 +55,26 @@ from project.runtime.requeue_signal import EarlyRequeueSignal
 # 128 + SIGTERM, what shells, SLURM and Kubernetes report for a process that SIGTERM ended: schedulers and scripts
 # read "terminated before the end" (requeue, or resume with --ckpt_path last), not success (0) nor a crash (1).
 PREEMPTED_EXIT_CODE = 128 + signal.SIGTERM
-SIGTERM_FLAG, REQUEUE_FLAG = 1, 2  # a rank's flags, summed across ranks: each rank writes only its own slot
+INTERRUPTED_EXIT_CODE = 128 + signal.SIGINT  # 130: what shells report for a command Ctrl-C ended
+SIGTERM_FLAG, REQUEUE_FLAG, INTERRUPT_FLAG = 1, 2, 4  # a rank's flags, summed across ranks: each writes its own slot
 # How long rank 0 waits for the ranks it launched to exit after a stop (they only tear down), before killing them.
 LAUNCHED_RANKS_EXIT_S = 30.0
 
 
 class Preempted(SystemExit):
-    """Every rank stopped on SIGTERM or the requeue signal after saving; ends the process with
-    ``PREEMPTED_EXIT_CODE``."""
+    """Every rank stopped on SIGTERM, the requeue signal or Ctrl-C after saving; ends the process with CODE."""
 
-    def __init__(self) -> None:
-        super().__init__(PREEMPTED_EXIT_CODE)
+    def __init__(self, code: int = PREEMPTED_EXIT_CODE) -> None:
+        super().__init__(code)
+
+
+class Interrupted(SystemExit):
+    """Ctrl-C again, or before the first training step: this rank stops at once without saving (WHEN says which);
+    ends the process with ``INTERRUPTED_EXIT_CODE``."""
+
+    def __init__(self, when: str) -> None:
+        super().__init__(INTERRUPTED_EXIT_CODE)
+        self.when = when
 
 
 class PreemptionCheck:
@@ -66,11 +87,21 @@ class PreemptionCheck:
         self.signalled = 0
         self._steps = 0
         self._group: dist.ProcessGroup | None = None
+        self._launched: list[subprocess.Popen] = []  # taken out of Lightning's watch by a stop
+        self._pid, self._announce, self._previous_sigint = 0, False, None
 
     def install(self, trainer: Trainer) -> None:
         """Called in ``setup("fit")`` on every rank: after the process group, before Lightning registers handlers."""
-        internals.take_over_signals(trainer, on_sigterm=self._on_sigterm, on_requeue=self._on_requeue)
-        self.signalled, self._steps = 0, 0
+        self.signalled, self._steps, self._launched = 0, 0, []
+        self._pid, self._announce = os.getpid(), trainer.local_rank == 0  # a terminal's Ctrl-C reaches local rank 0
+        self._previous_sigint = signal.getsignal(signal.SIGINT)
+        # SIGINT ignored (a background job, nohup) stays ignored, as Python leaves it; signals go to the main thread.
+        on_interrupt = self._on_interrupt if self._previous_sigint != signal.SIG_IGN else None
+        if threading.current_thread() is not threading.main_thread():
+            on_interrupt = None
+        internals.take_over_signals(
+            trainer, on_sigterm=self._on_sigterm, on_requeue=self._on_requeue, on_interrupt=on_interrupt
+        )
         EarlyRequeueSignal.check = self  # first: a signal from now on reaches this check
         if EarlyRequeueSignal.received:
             self.signalled, EarlyRequeueSignal.received = REQUEUE_FLAG, False
@@ -84,6 +115,47 @@ class PreemptionCheck:
 
     def _on_requeue(self, signum: int, frame: FrameType | None) -> None:
         self.signalled |= REQUEUE_FLAG
+
+    def _on_interrupt(self, signum: int, frame: FrameType | None) -> None:
+        if os.getpid() != self._pid:  # a DataLoader worker forked from this rank: it ends on the second Ctrl-C
+            if self.signalled & INTERRUPT_FLAG:
+                raise KeyboardInterrupt  # torch's worker loop ends quietly on it
+            self.signalled |= INTERRUPT_FLAG
+            return
+        if self.signalled & INTERRUPT_FLAG:
+            raise Interrupted("Ctrl-C again")
+        if self._steps == 0:
+            raise Interrupted("Ctrl-C before the first training step")
+        self.signalled |= INTERRUPT_FLAG
+        if self._announce:  # os.write: the handler may run while the main thread is inside a write to stderr
+            within = "after this step" if self._group is None else f"within {self.every_n_steps} steps"
+            message = (
+                f"[project] Ctrl-C: every rank stops {within} and saves last.ckpt;"
+                " Ctrl-C again to stop at once without saving\n"
+            )
+            os.write(sys.stderr.fileno(), message.encode())
+
+    def restore_interrupt_handler(self) -> None:
+        """SIGINT's previous handler, after an exception (Lightning's teardown restores it after a registration)."""
+        if self._previous_sigint is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, self._previous_sigint)
+
+    def stop_at_once(self, trainer: Trainer, exception: BaseException) -> None:
+        """After ``Interrupted``, or a KeyboardInterrupt before ``install``: the ranks this process launched are
+        killed, without waiting, and nothing is saved."""
+        self.restore_interrupt_handler()
+        for proc in [*self._launched, *detach_launched_ranks(trainer)]:  # out of Lightning's watch: it would kill
+            proc.kill()  # this process too
+        if not isinstance(exception, Interrupted):  # Lightning's handling of KeyboardInterrupt: it exits 1
+            report(f"rank {trainer.global_rank}: Ctrl-C at step {trainer.global_step}: stopped without saving")
+            return
+        report(
+            f"rank {trainer.global_rank}: {exception.when}: stopped at step {trainer.global_step} without saving"
+            f" (the last checkpoint written stays); exiting with {INTERRUPTED_EXIT_CODE}"
+        )
+        last = trainer.checkpoint_callback.last_model_path if trainer.checkpoint_callback else ""
+        if trainer.is_global_zero and last and os.path.exists(last):
+            report(f"resume from {last} with: {resume_instructions(trainer)}")
 
     def after_step(self, trainer: Trainer) -> None:
         """After each training step: on a check step, stop every rank if any rank was signalled."""
@@ -99,10 +171,12 @@ class PreemptionCheck:
                 self._stop(trainer, flags.tolist())
 
     def _stop(self, trainer: Trainer, flags: list[int]) -> None:
-        launched = detach_launched_ranks(trainer)
+        self._launched = detach_launched_ranks(trainer)
         save_last_checkpoint(trainer)
         finish_pending_save(trainer)  # FSDP2 writes in the background: on disk before the job is requeued or exits
         requeue = any(flag & REQUEUE_FLAG for flag in flags)
+        sigterm = any(flag & SIGTERM_FLAG for flag in flags)
+        code = PREEMPTED_EXIT_CODE if requeue or sigterm else INTERRUPTED_EXIT_CODE
         if requeue:
             requeued = trainer.strategy.broadcast(requeue_slurm_job() if trainer.is_global_zero else None)
             next_step = f"job {requeued} requeued: it resumes by itself" if requeued else "requeue failed: resubmit it"
@@ -110,12 +184,24 @@ class PreemptionCheck:
             next_step = "resume with --ckpt_path last"
         saved = f", saved {trainer.checkpoint_callback.last_model_path}" if trainer.checkpoint_callback else ""
         signalled = [f"rank {rank}" for rank, flag in enumerate(flags) if flag] if len(flags) > 1 else ["this rank"]
+        cause = "the requeue signal" if requeue else "SIGTERM" if sigterm else "Ctrl-C"
         report(
-            f"rank {trainer.global_rank}: {'the requeue signal' if requeue else 'SIGTERM'} on {', '.join(signalled)}:"
-            f" stopped at step {trainer.global_step}{saved}; {next_step}; exiting with {PREEMPTED_EXIT_CODE}"
+            f"rank {trainer.global_rank}: {cause} on {', '.join(signalled)}:"
+            f" stopped at step {trainer.global_step}{saved}; {next_step}; exiting with {code}"
         )
-        wait_for(launched, trainer)
-        raise Preempted
+        if trainer.is_global_zero and not requeue and trainer.checkpoint_callback:
+            report(f"resume with: {resume_instructions(trainer)}")
+        wait_for(self._launched, trainer, code)
+        raise Preempted(code)
+
+
+def resume_instructions(trainer: Trainer) -> str:
+    """The command that resumes this run; ranks started by torchrun, srun or a cluster are started by it again."""
+    command = resume_command(sys.argv)
+    environment = getattr(trainer.strategy, "cluster_environment", None)  # one process: none
+    if environment is None or isinstance(environment, LightningEnvironment):  # started by this command
+        return command
+    return f"the same launch, each process running {command}"
 
 
 def requeue_slurm_job() -> str | None:
@@ -160,8 +246,8 @@ def detach_launched_ranks(trainer: Trainer) -> list[subprocess.Popen]:
     return launched
 
 
-def wait_for(launched: list[subprocess.Popen], trainer: Trainer) -> None:
-    """Rank 0 exits after the ranks it launched, so the command ends when every rank has ended."""
+def wait_for(launched: list[subprocess.Popen], trainer: Trainer, expected: int) -> None:
+    """Rank 0 exits after the ranks it launched, so the command ends when every rank has ended (with EXPECTED)."""
     deadline = time.monotonic() + LAUNCHED_RANKS_EXIT_S
     for local_rank, proc in enumerate(launched, start=1):
         rank = trainer.node_rank * trainer.num_devices + local_rank
@@ -171,5 +257,5 @@ def wait_for(launched: list[subprocess.Popen], trainer: Trainer) -> None:
             report(f"rank {rank} (pid {proc.pid}) did not exit {LAUNCHED_RANKS_EXIT_S:.0f} s after stopping: killed")
             proc.kill()
             continue
-        if code != PREEMPTED_EXIT_CODE:
-            report(f"rank {rank} (pid {proc.pid}) exited with code {code}, not {PREEMPTED_EXIT_CODE}")
+        if code != expected:
+            report(f"rank {rank} (pid {proc.pid}) exited with code {code}, not {expected}")
