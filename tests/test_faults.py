@@ -5,7 +5,10 @@ Failures are injected by ``fault_injection.FailAt`` (tests/ is put on the childr
 """
 
 import json
+import os
 import re
+import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -14,9 +17,20 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, free_port, last_checkpoint, processes_left, project_env, quick_args, run_project
+from conftest import (
+    REPO,
+    checkpoint_dir,
+    finish,
+    free_port,
+    last_checkpoint,
+    processes_left,
+    project_env,
+    quick_args,
+    run_project,
+    start_python,
+)
 
-from project.runtime.preemption import PREEMPTED_EXIT_CODE
+from project.runtime.preemption import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE
 
 TESTS = str(REPO / "tests")
 
@@ -87,6 +101,10 @@ def uninterrupted(tmp_path_factory) -> dict[str, torch.Tensor]:
 def assert_resumes_to(uninterrupted: dict[str, torch.Tensor], run_dir: Path, *flags: str) -> None:
     """`fit --ckpt_path last` in RUN_DIR ends with bit-identical weights to the uninterrupted run."""
     resumed, _ = fit(run_dir, *RESUMABLE, *flags, "--ckpt_path", "last")
+    assert_ends_as(uninterrupted, run_dir, resumed)
+
+
+def assert_ends_as(uninterrupted: dict[str, torch.Tensor], run_dir: Path, resumed: subprocess.CompletedProcess) -> None:
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     final = torch.load(last_checkpoint(run_dir), weights_only=True)
     assert final["global_step"] == 20
@@ -131,6 +149,92 @@ def test_sigterm_to_one_rank_stops_every_rank_at_the_same_step_saves_it_and_resu
     assert processes_left(stopped) == []
     assert torch.load(last_checkpoint(run_dir), weights_only=True)["global_step"] == 16
     assert_resumes_to(uninterrupted, run_dir)
+
+
+# Ctrl-C. A test's child may start with SIGINT ignored, as a background job of a non-interactive shell does (pitfall
+# 25): Python then never sees Ctrl-C. The runs go through this wrapper, which handles SIGINT as a Python started from
+# a terminal does, then runs `python -m project ARGS`.
+FROM_A_TERMINAL = (
+    "import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler);"
+    " runpy.run_module('project', run_name='__main__', alter_sys=True)"
+)
+CHECK_EVERY_4 = ("--guard.preemption_check_every_n_steps", "4")
+
+
+def fit_with_ctrl_c(run_dir: Path, presses: int, to_group: bool, *extra: str, step: int = 13):
+    """`fit` from a terminal: rank 0 pauses after step STEP (fault_injection.PauseAt) while the test presses Ctrl-C
+    PRESSES times, 0.3 s apart: SIGINT to the launching process alone, or, TO_GROUP, to every process of the run as a
+    terminal sends it (the run leads its own session and process group, tests/warm_start.py). Returns the run and the
+    seconds from the last press until every process had exited."""
+    pause = run_dir.parent / "pause"
+    pause.mkdir()
+    pause_at = ("--trainer.callbacks+=fault_injection.PauseAt", "--trainer.callbacks.step", str(step))
+    args = quick_args(run_dir, *extra, *pause_at, "--trainer.callbacks.folder", str(pause))
+    run = start_python("-c", FROM_A_TERMINAL, "fit", *args, cwd=REPO, env=project_env(PYTHONPATH=TESTS))
+    deadline = time.monotonic() + 120
+    while not (pause / "paused").exists():
+        if time.monotonic() > deadline:
+            run.kill()
+            pytest.fail(f"the run never reached step {step}: {finish(run, 30).stderr[-3000:]}")
+        time.sleep(0.05)
+    for press in range(presses):
+        time.sleep(0.3 if press else 0)  # apart: two signals before the handler runs would count once
+        (os.killpg if to_group else os.kill)(run.pid, signal.SIGINT)
+    pressed = time.monotonic()
+    (pause / "go").touch()
+    stopped = finish(run, timeout=120)
+    return stopped, time.monotonic() - pressed
+
+
+@pytest.mark.parametrize("to_group", [False, True], ids=["to-the-launcher", "to-the-process-group"])
+def test_ctrl_c_stops_every_rank_at_one_step_saves_it_and_the_printed_command_resumes_exactly(
+    uninterrupted, tmp_path, to_group
+):
+    """Ctrl-C after step 13 of a 2-process fit (epoch 1; 10 steps an epoch), flags exchanged every 4 steps: every rank
+    stops after step 16, last.ckpt is of step 16, every process exits 130, and the printed command resumes to
+    bit-identical weights. To the process group, through a DataLoader worker per rank, which gets Ctrl-C too."""
+    run_dir = tmp_path / "run"
+    loader = DATALOADER if to_group else ()
+    stopped, _ = fit_with_ctrl_c(run_dir, 1, to_group, "--trainer.devices", "2", *RESUMABLE, *CHECK_EVERY_4, *loader)
+    assert stopped.returncode == INTERRUPTED_EXIT_CODE == 130, stopped.stderr[-3000:]
+    announced = "[project] Ctrl-C: every rank stops within 4 steps and saves last.ckpt; Ctrl-C again to stop at once"
+    assert stopped.stderr.count(announced) == 1
+    signalled = "rank 0, rank 1" if to_group else "rank 0"
+    for rank in (0, 1):
+        assert f"[project] rank {rank}: Ctrl-C on {signalled}: stopped at step 16, saved" in stopped.stderr
+    assert "failed" not in stopped.stderr and "exited with code" not in stopped.stderr
+    assert processes_left(stopped) == []
+    assert torch.load(last_checkpoint(run_dir), weights_only=True)["global_step"] == 16  # epoch 0 ended at 10
+    command = shlex.split(re.search(r"\[project\] resume with: (.+)", stopped.stderr).group(1))
+    assert command[:4] == ["python", "-m", "project", "fit"] and command[-2:] == ["--ckpt_path", "last"]
+    resumed = run_project(*command[3:], cwd=REPO, env=project_env(PYTHONPATH=TESTS))
+    assert_ends_as(uninterrupted, run_dir, resumed)
+
+
+def test_a_second_ctrl_c_stops_every_process_at_once_without_saving(tmp_path):
+    """Ctrl-C twice to the process group after step 13: no wait for the agreed step 16; every process ends, the run
+    exits 130, last.ckpt stays the epoch-end one (step 10) and no partial file is left."""
+    run_dir = tmp_path / "run"
+    stopped, seconds = fit_with_ctrl_c(run_dir, 2, True, "--trainer.devices", "2", *RESUMABLE, *CHECK_EVERY_4)
+    assert stopped.returncode == INTERRUPTED_EXIT_CODE, stopped.stderr[-3000:]
+    assert "[project] rank 0: Ctrl-C again: stopped at step 13 without saving" in stopped.stderr
+    assert "stopped at step 16" not in stopped.stderr and "failed" not in stopped.stderr
+    assert seconds < 30  # a rank left waiting in a collective would hold the run for the 5-minute timeout
+    assert processes_left(stopped) == []
+    assert sorted(path.name for path in checkpoint_dir(run_dir).iterdir()) == ["epoch=0-step=10.ckpt", "last.ckpt"]
+    assert torch.load(last_checkpoint(run_dir), weights_only=True)["global_step"] == 10
+    resume = r"\[project\] resume from .*last\.ckpt with: python -m project fit .* --ckpt_path last"
+    assert re.search(resume, stopped.stderr)
+
+
+def test_ctrl_c_stops_a_one_process_run_after_the_step_and_saves_it(tmp_path):
+    """One process checks its flag after every step: Ctrl-C after step 5 stops it there."""
+    stopped, _ = fit_with_ctrl_c(tmp_path / "run", 1, False, "--trainer.max_epochs", "1", step=5)
+    assert stopped.returncode == INTERRUPTED_EXIT_CODE, stopped.stderr[-3000:]
+    assert "[project] Ctrl-C: every rank stops after this step and saves last.ckpt" in stopped.stderr
+    assert "[project] rank 0: Ctrl-C on this rank: stopped at step 5, saved" in stopped.stderr
+    assert "[project] resume with: python -m project fit " in stopped.stderr
+    assert torch.load(last_checkpoint(tmp_path / "run"), weights_only=True)["global_step"] == 5
 
 
 def test_training_makes_no_per_step_collective(tmp_path):
