@@ -26,6 +26,7 @@ from conftest import (
     processes_left,
     project_env,
     quick_args,
+    run_in_process,
     run_project,
     start_python,
 )
@@ -235,6 +236,18 @@ def test_ctrl_c_stops_a_one_process_run_after_the_step_and_saves_it(tmp_path):
     assert "[project] rank 0: Ctrl-C on this rank: stopped at step 5, saved" in stopped.stderr
     assert "[project] resume with: python -m project fit " in stopped.stderr
     assert torch.load(last_checkpoint(tmp_path / "run"), weights_only=True)["global_step"] == 5
+
+
+def test_a_fit_in_this_process_hands_ctrl_c_back_as_it_found_it_after_finishing_or_failing(tmp_path):
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal (pytest's may be ignored)
+    try:
+        run_in_process("fit", *quick_args(tmp_path / "finished", "--trainer.max_steps", "2"))
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        with pytest.raises(RuntimeError, match="injected failure"):
+            run_in_process("fit", *quick_args(tmp_path / "failed", "--trainer.max_steps", "3", *fail_at(2, 0, "raise")))
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_training_makes_no_per_step_collective(tmp_path):
