@@ -31,6 +31,7 @@ from conftest import (
     start_python,
 )
 
+from project.runs.folders import resume_command
 from project.runtime.preemption import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE
 
 TESTS = str(REPO / "tests")
@@ -236,6 +237,16 @@ def test_ctrl_c_stops_a_one_process_run_after_the_step_and_saves_it(tmp_path):
     assert "[project] rank 0: Ctrl-C on this rank: stopped at step 5, saved" in stopped.stderr
     assert "[project] resume with: python -m project fit " in stopped.stderr
     assert torch.load(last_checkpoint(tmp_path / "run"), weights_only=True)["global_step"] == 5
+
+
+def test_the_resume_command_is_the_command_with_ckpt_path_last_in_place_of_any_other():
+    main = str(REPO / "project" / "__main__.py")
+    assert (
+        resume_command([main, "fit", "--config", "a b.yaml"])
+        == "python -m project fit --config 'a b.yaml' --ckpt_path last"
+    )
+    started = ["/venv/bin/project", "fit", "--ckpt_path", "auto", "--trainer.devices", "2", "--ckpt_path=x.ckpt"]
+    assert resume_command(started) == "project fit --trainer.devices 2 --ckpt_path last"
 
 
 def test_a_fit_in_this_process_hands_ctrl_c_back_as_it_found_it_after_finishing_or_failing(tmp_path):
