@@ -1,0 +1,62 @@
+"""The committed lock is the set-up: uv.lock is current, requirements.txt (the pip path) is exactly its export, a lock
+that pyproject.toml has moved past is refused with the command that refreshes it, and a Python outside
+requires-python is refused at install. Each check runs on a copy of the two files, never on the checkout."""
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+UV = pytest.importorskip("uv").find_uv_bin()  # the dev extra installs uv
+EXPORT = re.compile(r"^#\s+(uv export .*)$", re.MULTILINE)
+
+
+def uv(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """uv in CWD, with none of the caller's uv settings that would change what it checks (.ci/run sets UV_LOCKED)."""
+    env = {key: value for key, value in os.environ.items() if key not in ("UV_LOCKED", "UV_FROZEN", "VIRTUAL_ENV")}
+    env.update(UV_PYTHON_DOWNLOADS="never", UV_PROJECT_ENVIRONMENT=str(cwd / ".venv"))
+    return subprocess.run([UV, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture
+def project_copy(tmp_path: Path) -> Path:
+    for name in ("pyproject.toml", "uv.lock", "README.md"):
+        shutil.copy(REPO / name, tmp_path)
+    return tmp_path
+
+
+def test_requirements_txt_is_uv_locks_export(project_copy):
+    committed = (REPO / "requirements.txt").read_text()
+    [command] = EXPORT.findall(committed)  # the command that wrote it, in its header
+    result = uv(*command.split()[1:], cwd=project_copy)
+    assert result.returncode == 0, result.stderr
+    assert (project_copy / "requirements.txt").read_text() == committed, f"requirements.txt is stale: run `{command}`"
+    assert "torch==2.14.1" in committed and "--hash=sha256:" in committed  # pinned, with hashes: pip checks them
+
+
+def test_the_lock_is_current_and_a_lock_behind_pyproject_is_refused_naming_the_fix(project_copy):
+    current = uv("lock", "--check", cwd=project_copy)
+    assert current.returncode == 0, f"uv.lock is out of date with pyproject.toml, run `uv lock`:\n{current.stderr}"
+    pyproject = project_copy / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text().replace('"rich>=12",', '"rich>=12", "tqdm>=4",', 1))
+    stale = uv("lock", "--check", cwd=project_copy)
+    assert stale.returncode != 0
+    assert "needs to be updated" in stale.stderr and "run `uv lock`" in stale.stderr
+
+
+def pyenv_python(minor: str) -> Path | None:
+    root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
+    found = sorted(root.glob(f"versions/{minor}.*/bin/python{minor}"), key=lambda path: path.parts[-3])
+    return found[-1] if found else None
+
+
+@pytest.mark.skipif(pyenv_python("3.9") is None, reason="needs pyenv's Python 3.9, just below requires-python")
+def test_a_python_below_requires_python_is_refused_before_anything_is_installed(project_copy):
+    result = uv("sync", "--python", str(pyenv_python("3.9")), cwd=project_copy)
+    assert result.returncode != 0
+    assert "3.9" in result.stderr and "requires-python" in result.stderr and ">=3.10, <3.14" in result.stderr
+    assert not (project_copy / ".venv").exists()
