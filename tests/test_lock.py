@@ -60,3 +60,10 @@ def test_a_python_below_requires_python_is_refused_before_anything_is_installed(
     assert result.returncode != 0
     assert "3.9" in result.stderr and "requires-python" in result.stderr and ">=3.10, <3.14" in result.stderr
     assert not (project_copy / ".venv").exists()
+
+
+def test_the_readme_set_up_is_what_ci_runs():
+    readme, ci = (REPO / "README.md").read_text(), (REPO / ".ci" / "run").read_text()
+    assert "\nuv run python -m project fit --config configs/digits.yaml " in readme and "\nuv run pytest\n" in readme
+    assert "pip install --no-deps -e . && pip install -r requirements.txt" in readme
+    assert "\nuv sync " in ci and "\nuv run pytest " in ci and "export UV_LOCKED=1 " in ci  # from the lock, or not at all
