@@ -29,6 +29,13 @@ def project_copy(tmp_path: Path) -> Path:
     return tmp_path
 
 
+def test_the_lock_names_this_projects_own_package():
+    """A project made from the cookiecutter template gets a lock of its own package, not this one's."""
+    [name] = re.findall(r'(?m)^name = "(.+)"$', (REPO / "pyproject.toml").read_text())  # tomllib: 3.11+
+    entry = f'[[package]]\nname = "{name}"\nversion = "0.1.0"\nsource = {{ editable = "." }}'
+    assert entry in (REPO / "uv.lock").read_text()
+
+
 def test_requirements_txt_is_uv_locks_export(project_copy):
     committed = (REPO / "requirements.txt").read_text()
     [command] = EXPORT.findall(committed)  # the command that wrote it, in its header
@@ -66,4 +73,5 @@ def test_the_readme_set_up_is_what_ci_runs():
     readme, ci = (REPO / "README.md").read_text(), (REPO / ".ci" / "run").read_text()
     assert "\nuv run python -m project fit --config configs/digits.yaml " in readme and "\nuv run pytest\n" in readme
     assert "pip install --no-deps -e . && pip install -r requirements.txt" in readme
-    assert "\nuv sync " in ci and "\nuv run pytest " in ci and "export UV_LOCKED=1 " in ci  # from the lock, or not at all
+    assert "\nuv sync " in ci and "\nuv run pytest " in ci
+    assert "export UV_LOCKED=1 " in ci  # every uv command in CI installs from the lock as it is, or fails

@@ -176,7 +176,7 @@ def test_rendered_project_installs_and_its_tests_and_lint_pass(rendered, venv_py
     )
     assert located.stdout.strip() == str(project_dir / "my_vision_lab" / "cli.py"), located.stderr
     # Fast unit tests, and this file: its rendering unit tests run there, its end-to-end ones skip (no git).
-    tests = ["tests/test_networks.py", "tests/test_samplers.py", "tests/test_template.py"]
+    tests = ["tests/test_networks.py", "tests/test_samplers.py", "tests/test_template.py", "tests/test_lock.py"]
     result = subprocess.run(
         [str(venv_python), "-m", "pytest", *tests, "-q", "-p", "no:cacheprovider"],
         cwd=project_dir,
