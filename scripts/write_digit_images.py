@@ -12,8 +12,9 @@ from pathlib import Path
 from project.data import DigitsDataModule
 
 
-def write_digit_images(root: Path) -> Path:
-    """Writes ROOT/{train,val,test}/<digit>/<n>.png from the template's seeded digits split; returns ROOT."""
+def write_digit_images(root: Path, per_class: int | None = None) -> Path:
+    """Writes ROOT/{train,val,test}/<digit>/<n>.png from the template's seeded digits split; returns ROOT.
+    PER_CLASS: at most this many images of each digit per split (tiny data for tests)."""
     from PIL import Image
 
     data = DigitsDataModule()
@@ -22,7 +23,11 @@ def write_digit_images(root: Path) -> Path:
         images, labels = split.tensors
         for label in range(10):
             (root / name / str(label)).mkdir(parents=True)
+        written = dict.fromkeys(range(10), 0)
         for number, (image, label) in enumerate(zip(images, labels, strict=True)):
+            if per_class is not None and written[int(label)] == per_class:
+                continue
+            written[int(label)] += 1
             pixels = (image[0] * 255).round().byte().numpy()
             Image.fromarray(pixels, mode="L").save(root / name / str(int(label)) / f"{number:04d}.png")
     return root

@@ -22,6 +22,7 @@ from torch.utils.data import Dataset, DistributedSampler, Sampler, Subset, Tenso
 from project.data.loaders import TensorBatchLoader
 from project.data.samplers import ExactDistributedSampler, SeededSampler
 from project.data.transforms import Transformed, augments, compose
+from project.runtime.lightning_internals import epoch_to_train
 
 SPLITS = ("train", "val", "test")
 
@@ -152,9 +153,9 @@ class BaseDataModule(LightningDataModule):
         sampler = DistributedSampler(dataset, num_replicas, rank, shuffle=self.hparams.shuffle, seed=self.hparams.seed)
         if isinstance(dataset, Transformed) and self.augmented:
             sampler = SeededSampler(sampler, self.hparams.seed)
-        # A resumed run: Lightning 2.6 starts the epoch's iterator (a StatefulDataLoader reads its sampler then)
-        # before its set_epoch call, so the sampler must already be at the resumed epoch.
-        sampler.set_epoch(self.trainer.current_epoch if self.trainer else 0)
+        # A resumed run: Lightning makes the epoch's iterator (a StatefulDataLoader draws the order then, workers take
+        # indices ahead) before its set_epoch call, so the sampler must already be at the epoch it resumes into.
+        sampler.set_epoch(epoch_to_train(self.trainer) if self.trainer else 0)
         return self._loader(dataset, sampler, drop_last=self.hparams.drop_last)
 
     def val_dataloader(self) -> Iterable:

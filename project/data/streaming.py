@@ -13,6 +13,7 @@ from torch.utils.data import Dataset
 
 from project.data.base import BaseDataModule
 from project.data.transforms import presets
+from project.runtime.lightning_internals import epoch_to_train
 
 SCHEMA_FILE = "dataset.json"  # written by scripts/make_shards.py beside the splits: class names, sample counts
 ITEM_KEYS = ["image", "label"]
@@ -93,7 +94,7 @@ class StreamingDataModule(BaseDataModule):
         options = {"shuffle": shuffle, "seed": seed, "drop_last": drop_last, "seeded": self.augmented}
         shards = self.shards("train", self.transforms["train"], **options)
         workers = self.hparams.num_workers
-        return StreamingDataLoader(
+        loader = StreamingDataLoader(
             shards,
             batch_size=self.hparams.batch_size,
             num_workers=workers,
@@ -104,6 +105,10 @@ class StreamingDataModule(BaseDataModule):
             # run would otherwise draw one more number from it).
             generator=torch.Generator().manual_seed(seed),
         )
+        # LitData counts epochs from 1 as each starts; a resumed run starts at its epoch (a mid-epoch checkpoint's
+        # loader state, loaded after this, sets it too). Its own count would restart from the first.
+        loader.current_epoch = epoch_to_train(self.trainer) if self.trainer else 0
+        return loader
 
 
 def check_shards(root: Path) -> None:

@@ -48,6 +48,7 @@ def _private(module: str, name: str) -> Any:
 
 
 _call = _private("lightning.pytorch.trainer", "call")
+_FitLoop = _private("lightning.pytorch.loops.fit_loop", "_FitLoop")
 _TrainingEpochLoop = _private("lightning.pytorch.loops.training_epoch_loop", "_TrainingEpochLoop")
 _SignalConnector = _private("lightning.pytorch.trainer.connectors.signal_connector", "_SignalConnector")
 _SubprocessScriptLauncher = _private(
@@ -97,6 +98,15 @@ PARTS = (
             and _has(_SignalConnector, "_sigterm_notifier_fn", "_slurm_sigusr_handler_fn")
             and _calls(getattr(_SignalConnector, "register_signal_handlers", None), "self._original_handlers =")
             and _calls(getattr(_SignalConnector, "teardown", None), "self._original_handlers.items()")
+        ),
+    ),
+    Part(
+        "a run resumed at an epoch's end trains the next epoch's order (data/base.py, data/streaming.py)",
+        True,
+        "_FitLoop's epoch_progress and epoch_loop.batch_progress, and setup_data making the iterator before reset",
+        lambda: (
+            _calls(getattr(_FitLoop, "setup_data", None), "iter(self._data_fetcher)")
+            and _calls(getattr(_FitLoop, "reset", None), "self.epoch_loop.batch_progress.is_last_batch")
         ),
     ),
     Part(
@@ -277,6 +287,24 @@ def launched_processes(trainer: Trainer) -> list | None:
 
 def kill_launched(trainer: Trainer, signum: int) -> None:
     trainer.strategy.launcher.kill(signum)
+
+
+# Resuming (data/base.py, data/streaming.py): correctness.
+
+
+def epoch_to_train(trainer: Trainer) -> int:
+    """The epoch the next training batch belongs to, for a train loader made now.
+
+    On resume Lightning makes the loader's iterator (``_FitLoop.setup_data``) before it moves past the epoch the
+    checkpoint ended (``_FitLoop.reset``) and before it calls the sampler's ``set_epoch``: ``trainer.current_epoch``
+    then still names the finished epoch, and a loader that draws its order as its iterator is made (torchdata's, or
+    any with workers, which take indices ahead) would train that epoch's order again. Read as ``reset`` reads it: a
+    checkpoint from an epoch's end has counted the epoch processed; one from its last batch has not, but marks the
+    batch last.
+    """
+    epochs = trainer.fit_loop.epoch_progress.current
+    ended = epochs.processed < epochs.started and trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
+    return epochs.processed + int(ended)
 
 
 # Logging (runs/loggers.py): correctness.
