@@ -1,6 +1,7 @@
 import pytest
 import torch
 from torch.utils.data import TensorDataset
+from torchdata.stateful_dataloader import StatefulDataLoader
 
 from project.data import DatasetDataModule, DigitsDataModule
 
@@ -52,7 +53,7 @@ def test_any_dataset_splits_off_only_the_missing_splits_and_keeps_the_given_ones
 
 def test_the_dataloader_path_yields_the_fast_paths_batches():
     fast, loader = _setup(batch_size=100), _setup(batch_size=100, in_memory=False, num_workers=1)
-    assert type(loader.test_dataloader()).__name__ == "StatefulDataLoader"
+    assert isinstance(loader.test_dataloader(), StatefulDataLoader)
     assert loader.train_dataloader().snapshot_every_n_steps == 64  # workers report their position every 64 batches
     for a, b in zip(fast.train_dataloader(), loader.train_dataloader(), strict=True):
         assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])

@@ -19,10 +19,10 @@ import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import Dataset, DistributedSampler, Sampler, Subset, TensorDataset
 
-from project.data.loaders import TensorBatchLoader
+from project.data.loaders import ResumableDataLoader, TensorBatchLoader
 from project.data.samplers import ExactDistributedSampler, SeededSampler
 from project.data.transforms import Transformed, augments, compose
-from project.runtime.lightning_internals import epoch_to_train
+from project.runtime.lightning_internals import resume_point
 
 SPLITS = ("train", "val", "test")
 
@@ -155,8 +155,9 @@ class BaseDataModule(LightningDataModule):
             sampler = SeededSampler(sampler, self.hparams.seed)
         # A resumed run: Lightning makes the epoch's iterator (a StatefulDataLoader draws the order then, workers take
         # indices ahead) before its set_epoch call, so the sampler must already be at the epoch it resumes into.
-        sampler.set_epoch(epoch_to_train(self.trainer) if self.trainer else 0)
-        return self._loader(dataset, sampler, drop_last=self.hparams.drop_last)
+        epoch, mid_epoch = resume_point(self.trainer) if self.trainer else (0, False)
+        sampler.set_epoch(epoch)
+        return self._loader(dataset, sampler, drop_last=self.hparams.drop_last, mid_epoch=mid_epoch)
 
     def val_dataloader(self) -> Iterable:
         return self._eval_loader("val")
@@ -193,14 +194,12 @@ class BaseDataModule(LightningDataModule):
     def _pin_memory(self) -> bool:
         return self.hparams.pin_memory and self._gpu() is not None
 
-    def _loader(self, dataset: Dataset, sampler: Sampler, drop_last: bool = False) -> Iterable:
+    def _loader(self, dataset: Dataset, sampler: Sampler, drop_last: bool = False, mid_epoch: bool = False) -> Iterable:
         if self.hparams.in_memory and isinstance(dataset, TensorDataset):
             device = self._gpu() if self.hparams.on_device else None
             return TensorBatchLoader(dataset.tensors, sampler, self.hparams.batch_size, drop_last, device)
-        from torchdata.stateful_dataloader import StatefulDataLoader  # only where used: tensors in memory need none
-
         workers = self.hparams.num_workers
-        return StatefulDataLoader(
+        return ResumableDataLoader(
             dataset,
             batch_size=self.hparams.batch_size,
             sampler=sampler,
@@ -213,6 +212,7 @@ class BaseDataModule(LightningDataModule):
             # Workers' base seeds come from here, not from the global generator that dropout draws from (a resumed
             # run would otherwise draw one more number from it); Lightning's worker_init_fn mixes in rank and worker.
             generator=torch.Generator().manual_seed(self.hparams.seed),
+            mid_epoch=mid_epoch,
         )
 
 

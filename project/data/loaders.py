@@ -1,4 +1,4 @@
-"""A batch loader for data sets that fit in memory.
+"""The training loaders: a batch loader for data sets that fit in memory, and torchdata's for everything else.
 
 torch's DataLoader fetches samples one by one through ``__getitem__`` and collates them; for small
 tensors that Python overhead dominates a training step. ``TensorBatchLoader`` slices whole batches out
@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 from torch.utils.data import Sampler
+from torchdata.stateful_dataloader import StatefulDataLoader
 
 
 class TensorBatchLoader:
@@ -67,3 +68,20 @@ class TensorBatchLoader:
         # A checkpoint taken at an epoch's last batch resumes at the next epoch (Lightning moves on), from its start.
         done = state["batches_done"]
         self._batches_to_skip = done if done < len(self) else 0
+
+
+class ResumableDataLoader(StatefulDataLoader):
+    """torchdata's ``StatefulDataLoader``, told whether the run resumes inside an epoch (``mid_epoch``).
+
+    When not, a position loaded from the checkpoint is dropped: one taken at an epoch's last batch (every
+    ``every_n_train_steps`` that lands there, a preemption stop) says that epoch is not over yet (its iterator never
+    ran into its end: Lightning knows the length and stops asking), so torchdata would resume at its end and
+    Lightning, which goes on with the next epoch, would train an empty one.
+    """
+
+    def __init__(self, *args: Any, mid_epoch: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.mid_epoch = mid_epoch
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict if self.mid_epoch else {})

@@ -13,7 +13,7 @@ from torch.utils.data import Dataset
 
 from project.data.base import BaseDataModule
 from project.data.transforms import presets
-from project.runtime.lightning_internals import epoch_to_train
+from project.runtime.lightning_internals import resume_point
 
 SCHEMA_FILE = "dataset.json"  # written by scripts/make_shards.py beside the splits: class names, sample counts
 ITEM_KEYS = ["image", "label"]
@@ -107,7 +107,7 @@ class StreamingDataModule(BaseDataModule):
         )
         # LitData counts epochs from 1 as each starts; a resumed run starts at its epoch (a mid-epoch checkpoint's
         # loader state, loaded after this, sets it too). Its own count would restart from the first.
-        loader.current_epoch = epoch_to_train(self.trainer) if self.trainer else 0
+        loader.current_epoch = resume_point(self.trainer)[0] if self.trainer else 0
         return loader
 
 

@@ -101,7 +101,7 @@ PARTS = (
         ),
     ),
     Part(
-        "a run resumed at an epoch's end trains the next epoch's order (data/base.py, data/streaming.py)",
+        "a run resumed at an epoch's end or last batch trains the next epoch (data/base.py, data/streaming.py)",
         True,
         "_FitLoop's epoch_progress and epoch_loop.batch_progress, and setup_data making the iterator before reset",
         lambda: (
@@ -292,19 +292,21 @@ def kill_launched(trainer: Trainer, signum: int) -> None:
 # Resuming (data/base.py, data/streaming.py): correctness.
 
 
-def epoch_to_train(trainer: Trainer) -> int:
-    """The epoch the next training batch belongs to, for a train loader made now.
+def resume_point(trainer: Trainer) -> tuple[int, bool]:
+    """``(epoch, mid_epoch)`` for a train loader made now: the epoch its next batch belongs to, and whether that batch
+    is inside the epoch (a loader position loaded from the checkpoint is then where it resumes; else the epoch starts).
 
     On resume Lightning makes the loader's iterator (``_FitLoop.setup_data``) before it moves past the epoch the
     checkpoint ended (``_FitLoop.reset``) and before it calls the sampler's ``set_epoch``: ``trainer.current_epoch``
     then still names the finished epoch, and a loader that draws its order as its iterator is made (torchdata's, or
     any with workers, which take indices ahead) would train that epoch's order again. Read as ``reset`` reads it: a
-    checkpoint from an epoch's end has counted the epoch processed; one from its last batch has not, but marks the
-    batch last.
+    checkpoint from an epoch's end has counted the epoch processed; one from its last batch has not, but marks that
+    batch last, and Lightning goes on with the next epoch from its start.
     """
     epochs = trainer.fit_loop.epoch_progress.current
-    ended = epochs.processed < epochs.started and trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
-    return epochs.processed + int(ended)
+    inside = epochs.processed < epochs.started
+    last_batch = inside and trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
+    return epochs.processed + int(last_batch), inside and not last_batch
 
 
 # Logging (runs/loggers.py): correctness.
