@@ -5,7 +5,8 @@ The Trainer runs with ``use_distributed_sampler=False``, so these samplers are t
 call) and ``ExactDistributedSampler`` for val/test/predict, so every sample is counted once.
 Batches come from ``TensorBatchLoader`` (tensors in memory, no transform: slicing, the fast path) or from
 torchdata's ``StatefulDataLoader`` (anything else), whose position Lightning saves in every checkpoint,
-so a run resumed mid-epoch continues with the very next batch. Every DataLoader worker is seeded from ``seed``, the
+so a run resumed mid-epoch continues with the very next batch; one resumed at an epoch's end or last batch starts the
+next epoch, in that epoch's order (``resume_point``). Every DataLoader worker is seeded from ``seed``, the
 epoch, the rank and the worker (a loader generator seeded with ``seed`` draws a base seed per epoch; Lightning's
 ``worker_init_fn`` mixes in the rank and worker); random augmentation draws from a seed per sample and epoch
 (``SeededSampler``), so it survives a resume and does not depend on the worker count or the world size.

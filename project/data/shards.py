@@ -1,9 +1,10 @@
-"""LitData's ``StreamingDataset`` for the items ``scripts/make_shards.py`` writes, and an indexed view of it."""
+"""LitData's ``StreamingDataset`` for the items ``scripts/make_shards.py`` writes, an indexed view of it, and LitData's
+loader going on to the next epoch after a resumed one."""
 
 from collections.abc import Callable
 from typing import Any
 
-from litdata import StreamingDataset
+from litdata import StreamingDataLoader, StreamingDataset
 from torch.utils.data import Dataset
 
 from project.data.samplers import sample_seed
@@ -53,3 +54,20 @@ class Indexed(Dataset):
 
     def __len__(self) -> int:
         return self.length
+
+
+class ResumableStreamingDataLoader(StreamingDataLoader):
+    """LitData's ``StreamingDataLoader``, which goes on to the next epoch after one resumed from a checkpoint.
+
+    LitData clears its resume flag (``restore``) only when an epoch's iterator runs out; Lightning knows the length and
+    stops asking before that, so after a mid-epoch resume the flag stayed set, LitData's epoch did not advance and the
+    next epoch trained another order than the uninterrupted run's. A new iterator after the resumed one clears it.
+    """
+
+    resumed_epoch_started = False
+
+    def __iter__(self) -> Any:
+        if self.restore and self.resumed_epoch_started:
+            self.restore = False
+        self.resumed_epoch_started = self.restore
+        return super().__iter__()

@@ -87,14 +87,14 @@ class StreamingDataModule(BaseDataModule):
             self.splits[name] = Indexed(self.shards(name, self.transforms[name], seeded=False), counts[name])
 
     def train_dataloader(self) -> Any:
-        from litdata import StreamingDataLoader
+        from project.data.shards import ResumableStreamingDataLoader
 
         shuffle, seed = self.hparams.shuffle, self.hparams.seed
         drop_last = self.hparams.drop_last or None  # None: LitData's default, True with several ranks
         options = {"shuffle": shuffle, "seed": seed, "drop_last": drop_last, "seeded": self.augmented}
         shards = self.shards("train", self.transforms["train"], **options)
         workers = self.hparams.num_workers
-        loader = StreamingDataLoader(
+        loader = ResumableStreamingDataLoader(
             shards,
             batch_size=self.hparams.batch_size,
             num_workers=workers,
