@@ -40,6 +40,7 @@ import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -48,6 +49,8 @@ from conftest import REPO, checkpoint_dir, last_checkpoint, quick_args, run_proj
 pytest.importorskip("torchvision")
 sys.path.insert(0, str(REPO / "scripts"))
 from write_digit_images import write_digit_images  # noqa: E402
+
+from project.runtime.lightning_internals import resume_point  # noqa: E402
 
 EPOCHS = 3
 # Every rank draws from its RNG states each step (dropout), and the learning rate changes each epoch.
@@ -161,3 +164,22 @@ def test_a_resumed_run_ends_with_the_uninterrupted_runs_weights(name, images, sh
         differ += [f"{kind}: step {step}"] if step != expected[0] else []
         differ += [f"{kind}: {key}" for key, value in expected[1].items() if not torch.equal(weights[key], value)]
     assert differ == []
+
+
+@pytest.mark.parametrize(
+    ("processed", "started", "last_batch", "expected"),
+    [
+        (0, 0, False, (0, False)),  # a new run (or a later epoch's loader, made before that epoch starts)
+        (1, 2, False, (1, True)),  # a checkpoint inside epoch 1: its position is loaded
+        (1, 2, True, (2, False)),  # at epoch 1's last batch: Lightning goes on with epoch 2, from its start
+        (2, 2, True, (2, False)),  # at epoch 1's end
+    ],
+    ids=["new", "mid-epoch", "last-batch", "epoch-end"],
+)
+def test_the_resume_point_is_the_epoch_lightning_trains_next(processed, started, last_batch, expected):
+    epochs = SimpleNamespace(processed=processed, started=started)
+    batches = SimpleNamespace(is_last_batch=last_batch)
+    fit_loop = SimpleNamespace(
+        epoch_progress=SimpleNamespace(current=epochs), epoch_loop=SimpleNamespace(batch_progress=batches)
+    )
+    assert resume_point(SimpleNamespace(fit_loop=fit_loop)) == expected
