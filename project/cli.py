@@ -7,6 +7,7 @@ Every config key is a constructor argument of the Trainer, the model, the data m
 
 from typing import Any
 
+import torch
 import torch.distributed as dist
 from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch import Trainer
@@ -17,11 +18,13 @@ from lightning.pytorch.strategies import ParallelStrategy
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from project.data import BaseDataModule
+from project.errors import ProjectArgumentParser, constructor_error
 from project.module import ClassificationModule
 from project.runs import folders
 from project.runs.checkpointing import AtomicCheckpointIO, CheckpointError, check_checkpoint
 from project.runs.outputs import PredictionsWriter, ProgressBar, TestMetricsWriter
 from project.runtime import lightning_internals as internals
+from project.runtime.faults import first_line
 from project.runtime.guard import RunGuard
 from project.runtime.launcher import ForkLauncher, one_thread
 
@@ -31,6 +34,7 @@ PROGRESS_BAR_REFRESH_RATE = 2  # batches between redraws: the bar's thread compe
 class ProjectCLI(LightningCLI):
     run_plan = folders.RunPlan()  # where the subcommand's run goes (runs/folders.py)
     checkpoint_shapes: dict[str, tuple[int, ...]] | None = None  # of --ckpt_path's weights, read before building
+    checkpoint_named: str | None = None  # --ckpt_path as given: last|best|auto, or a path
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
@@ -49,11 +53,14 @@ class ProjectCLI(LightningCLI):
         if not subcommand:
             return
         config = self.config[subcommand]
+        given = config.ckpt_path  # before prepare_run resolves last/best/auto to a file
         try:
             self.run_plan = folders.prepare_run(config, subcommand)
             self.save_config_kwargs["config_filename"] = self.run_plan.config_filename
+            self.save_config_kwargs["new_run"] = self.run_plan.folder is None
             if config.ckpt_path and config.ckpt_path not in folders.LIGHTNING_CKPT_ALIASES:
                 self.checkpoint_shapes = check_checkpoint(config.ckpt_path)
+                self.checkpoint_named = given
         except (folders.RunFolderError, CheckpointError) as error:
             parser.error(str(error))
 
@@ -63,19 +70,51 @@ class ProjectCLI(LightningCLI):
             with one_thread():
                 super().instantiate_classes()
             self.check_distributed_settings()
+            self.check_network_output()
             self.check_checkpoint_fits()
         except (MisconfigurationException, ValueError, TypeError) as error:
-            self.parser.error(f"invalid configuration: {error}")
+            self.parser.error(constructor_error(error) or f"invalid configuration: {error}")
+
+    def check_network_output(self) -> None:
+        """Refuses, before anything runs or is written, a network that cannot take one input of the data's shape or
+        gives other than ``num_classes`` outputs: one forward pass on one (zero) sample. Training would fail at its
+        first step with neither number (``Target 2 is out of bounds``)."""
+        network, data = getattr(self.model, "network", None), self.datamodule
+        shape, classes = getattr(data, "input_shape", None), getattr(data, "num_classes", None)
+        if not isinstance(network, torch.nn.Module) or shape is None or classes is None:
+            return
+        name = type(network).__qualname__
+        training = network.training
+        network.eval()  # one sample: BatchNorm in training mode refuses it
+        try:
+            with torch.no_grad():
+                output = network(torch.zeros(1, *shape))
+        except Exception as error:  # whatever the network raises: the user's code
+            raise ValueError(
+                f"the network ({name}) cannot take one input of the data's shape {tuple(shape)}: {first_line(error)}"
+            ) from error
+        finally:
+            network.train(training)
+        if not isinstance(output, torch.Tensor) or output.shape != (1, classes):
+            got = tuple(output.shape[1:]) if isinstance(output, torch.Tensor) else type(output).__name__
+            raise ValueError(
+                f"the network ({name}) gives {got[0] if len(got) == 1 else got} outputs per sample, the data has"
+                f" {classes} classes: its last layer must have num_classes ({classes}) outputs"
+            )
 
     def check_checkpoint_fits(self) -> None:
-        """Refuses, before anything runs, a checkpoint whose weights are not this network's (another architecture)."""
+        """Refuses, before anything runs, a checkpoint whose weights are not this network's (another architecture),
+        naming the run it was found in (``--ckpt_path last`` in a folder another experiment shares)."""
         if self.checkpoint_shapes is None:
             return
         ours = {key: tuple(value.shape) for key, value in self.model.state_dict().items()}
         if ours != self.checkpoint_shapes:
-            differ = sorted(set(ours.items()) ^ set(self.checkpoint_shapes.items()))[:3]
+            config = self.config[self.subcommand] if self.subcommand else self.config
+            found = self.checkpoint_named != config.ckpt_path  # last/best/auto: the newest run in the folder
             raise ValueError(
-                f"the checkpoint holds another network's weights than the config's: {', '.join(map(str, differ))}"
+                f"{folders.describe_checkpoint(config.ckpt_path, self.checkpoint_named)} holds another network's"
+                f" weights than the config's: {weights_difference(ours, self.checkpoint_shapes)}"
+                + ("; is that run another experiment's? Give each its own trainer.default_root_dir" if found else "")
             )
 
     def check_distributed_settings(self) -> None:
@@ -115,6 +154,15 @@ class ProjectCLI(LightningCLI):
         return config.trainer.get("callbacks") or []
 
 
+def weights_difference(ours: dict[str, tuple[int, ...]], theirs: dict[str, tuple[int, ...]], most: int = 3) -> str:
+    """The first MOST weights that differ, in words: which the checkpoint lacks or adds, which have another shape."""
+    reshaped = [key for key, shape in ours.items() if theirs.get(key, shape) != shape]
+    parts = [f"{key} is {theirs[key]} there, {ours[key]} here" for key in reshaped]
+    parts += [f"{key} is not in it" for key in ours if key not in theirs]
+    parts += [f"{key} is only in it" for key in theirs if key not in ours]
+    return "; ".join(parts[:most]) + (f" (and {len(parts) - most} more)" if len(parts) > most else "")
+
+
 def check_backend(backend: str, on_gpu: bool) -> None:
     """Rejects a process-group backend torch does not know or has not built (e.g. ``nccl`` on CPU)."""
     names = [part.split(":")[-1] for part in backend.split(",")]  # also "cpu:gloo,cuda:nccl"
@@ -139,6 +187,7 @@ def build_cli(args: list[str] | None = None, run: bool = True, prog: str | None 
         BaseDataModule,
         subclass_mode_data=True,
         auto_configure_optimizers=False,  # one way to set them: model.optimizer/model.scheduler, saved in config.yaml
+        parser_class=ProjectArgumentParser,
         trainer_defaults={"use_distributed_sampler": False},
         save_config_callback=folders.RunRecord,
         save_config_kwargs={"overwrite": False},

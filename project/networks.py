@@ -4,7 +4,9 @@ Each takes ``num_classes`` and ``input_shape`` first; the CLI links both from th
 so swapping the data set never means editing the network's config.
 """
 
+from difflib import get_close_matches
 from math import prod
+from typing import Any
 
 from torch import Tensor, nn
 
@@ -59,3 +61,37 @@ class SmallCNN(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.head(self.features(x))
+
+
+class TorchvisionModel(nn.Module):
+    """Any torchvision classification model by name (``resnet18``, ``efficientnet_b0``, ...: the names
+    ``torchvision.models.list_models(module=torchvision.models)`` gives), with ``num_classes`` outputs and random
+    weights (nothing is downloaded). A class, unlike ``torchvision.models.resnet18``, a function jsonargparse cannot
+    link ``num_classes`` into.
+
+    Args:
+        name: the model's name in ``torchvision.models``.
+        options: the model's own keyword arguments, e.g. ``{dropout: 0.2}`` or ``{image_size: 32}`` for ViTs.
+    """
+
+    def __init__(
+        self, num_classes: int, input_shape: tuple[int, ...], name: str, options: dict[str, Any] | None = None
+    ) -> None:
+        super().__init__()
+        from torchvision import models  # the `vision` extra, needed only here
+
+        names = models.list_models(module=models)
+        if name not in names:
+            close = get_close_matches(name, names, n=3)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise ValueError(f"{name!r} is not a torchvision classification model{hint}")
+        if input_shape[0] != 3:
+            raise ValueError(
+                f"torchvision's {name} takes 3-channel images, the data gives {input_shape[0]}: "
+                "set data.init_args.grayscale false"
+            )
+        self.model = models.get_model(name, weights=None, num_classes=num_classes, **(options or {}))
+
+    def forward(self, x: Tensor) -> Tensor:
+        output = self.model(x)
+        return getattr(output, "logits", output)  # GoogLeNet and Inception add auxiliary logits in training

@@ -8,10 +8,12 @@ before anything is built (``prepare_run``). A resumed run logs into its own fold
 runs (MLflow, W&B), whose ids the run records in ``trackers.json``.
 """
 
+import contextlib
 import json
 import os
 import re
 import shlex
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,8 @@ TRACKERS_FILE = "trackers.json"
 JOB_FILE = "slurm_job.txt"  # the SLURM job that last trained in a run folder: a requeued job finds its run by it
 # The constructor argument that names an existing run, per logger: MLflow's run_id, the others' version.
 RUN_ID_ARGS = ("run_id", "version")
+# What a run writes as it starts; a failed run's folder holding nothing else has nothing to keep (RunRecord).
+START_FILES = ("config*.yaml", "hparams.yaml", TRACKERS_FILE, JOB_FILE)
 # Names Trainer.fit/test/... resolve themselves instead of reading a file ("last", "best", "auto" are resolved here).
 LIGHTNING_CKPT_ALIASES = ("hpc", "registry")
 
@@ -229,6 +233,15 @@ def best_checkpoint(last: Path) -> Path:
     return last.parent / Path(best[0]).name  # the same file, wherever the run folder has moved since
 
 
+def describe_checkpoint(checkpoint: str, named: str | None) -> str:
+    """CHECKPOINT as a message names it: with the run ``--ckpt_path last|best|auto`` (NAMED) found it in."""
+    if named not in ("last", "best", "auto"):
+        return f"the checkpoint {checkpoint}"
+    folder = Path(checkpoint).parent
+    run = folder.parent if folder.name == "checkpoints" else folder
+    return f"--ckpt_path {named} found the run {run}, whose checkpoint {checkpoint}"
+
+
 def continue_run(config: Namespace, folder: Path) -> RunPlan:
     """Points the loggers at run FOLDER's own runs, so a resumed fit logs where it did before; the plan has a free
     name for this attempt's config file (the run's first ``config.yaml`` is kept as it was)."""
@@ -244,6 +257,16 @@ def continue_run(config: Namespace, folder: Path) -> RunPlan:
     return RunPlan(f"config.resume-{len(earlier)}.yaml" if earlier else "config.yaml", folder)
 
 
+def restart_count_known() -> bool:
+    """Whether torchrun started this process (and may restart it)."""
+    return "TORCHELASTIC_RESTART_COUNT" in os.environ
+
+
+def is_empty_log(path: Path) -> bool:
+    """A metrics file with at most its header line: no metric logged yet."""
+    return path.name == "metrics.csv" and path.read_text().count("\n") <= 1
+
+
 def restart_count() -> int:
     """How often torchrun (``--max-restarts``) has restarted this job's processes."""
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
@@ -251,7 +274,34 @@ def restart_count() -> int:
 
 class RunRecord(SaveConfigCallback):
     """Lightning's config saving, plus: the resolved config as the trackers' parameters (on a run's first attempt;
-    trackers refuse to change a parameter), and each tracker's run id in ``trackers.json`` so a resume continues it."""
+    trackers refuse to change a parameter), each tracker's run id in ``trackers.json`` so a resume continues it, and
+    no run folder left by a new run that fails before it has written anything but its start files.
+
+    Args:
+        new_run: the run claims a new folder (not a resumed run's, which is always kept).
+        **kwargs: ``SaveConfigCallback``'s.
+    """
+
+    def __init__(self, *args: Any, new_run: bool = True, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.new_run = new_run
+
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        """Removes the folder of a new run that failed (not one interrupted: Ctrl-C, SIGTERM) before it wrote a
+        checkpoint or a metric: an empty run would be the newest for ``--ckpt_path last`` and hide the real ones.
+        Not under torchrun, whose restart continues the newest folder (``resume_if_possible``)."""
+        if not self.new_run or not isinstance(exception, Exception) or restart_count_known() or not trainer.loggers:
+            return
+        if trainer.global_rank != 0 or (folder := getattr(trainer.loggers[0], "log_dir", None)) is None:
+            return
+        folder = Path(folder)
+        files = [path for path in folder.rglob("*") if path.is_file()] if folder.is_dir() else []
+        if any(not any(path.match(name) for name in START_FILES) and not is_empty_log(path) for path in files):
+            return
+        shutil.rmtree(folder, ignore_errors=True)
+        for parent in (folder.parent, Path(trainer.default_root_dir)):  # what claiming the folder created
+            with contextlib.suppress(OSError):  # not empty: other runs' folders
+                parent.rmdir()
 
     def save_config(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if not trainer.loggers:
