@@ -61,6 +61,7 @@ class ProjectCLI(LightningCLI):
             if config.ckpt_path and config.ckpt_path not in folders.LIGHTNING_CKPT_ALIASES:
                 self.checkpoint_shapes = check_checkpoint(config.ckpt_path)
                 self.checkpoint_named = given
+                folders.check_found_network(config, given)
         except (folders.RunFolderError, CheckpointError) as error:
             parser.error(str(error))
 
@@ -114,7 +115,7 @@ class ProjectCLI(LightningCLI):
             raise ValueError(
                 f"{folders.describe_checkpoint(config.ckpt_path, self.checkpoint_named)} holds another network's"
                 f" weights than the config's: {weights_difference(ours, self.checkpoint_shapes)}"
-                + ("; is that run another experiment's? Give each its own trainer.default_root_dir" if found else "")
+                + (f"; {folders.ANOTHER_EXPERIMENT}" if found else "")
             )
 
     def check_distributed_settings(self) -> None:

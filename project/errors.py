@@ -92,7 +92,7 @@ def constructor_error(error: BaseException) -> str | None:
     """What a config class's constructor raised, as ``module.Class: message``, when jsonargparse wrapped it (its
     message would be a Union dump of the whole namespace); None when ERROR is not such a wrapper."""
     cause = error
-    while cause.__cause__ is not None:
+    while cause.__cause__ is not None and raised_in_jsonargparse(cause):
         cause = cause.__cause__
     if cause is error:
         return None
@@ -107,3 +107,8 @@ def constructor_error(error: BaseException) -> str | None:
     kind = "" if isinstance(cause, ValueError | TypeError) else f"{type(cause).__name__}: "
     where = f"{type(built).__module__}.{type(built).__qualname__}: " if built is not None else ""
     return f"{where}{kind}{cause}"
+
+
+def raised_in_jsonargparse(error: BaseException) -> bool:
+    frames = list(traceback.walk_tb(error.__traceback__))
+    return bool(frames) and f"{os.sep}jsonargparse{os.sep}" in frames[-1][0].f_code.co_filename

@@ -172,15 +172,16 @@ def last_checkpoint(root: Path, version: int | None = None) -> Path:
 
 
 def quick_args(run_dir: Path, *extra: str) -> list[str]:
-    """Flags for a fast digits run into RUN_DIR: no progress bar, no sanity check."""
+    """Flags for a fast digits run into RUN_DIR: no progress bar, no sanity check. RUN_DIR comes last: an overlay in
+    EXTRA names its own folder (configs/image_folder.yaml)."""
     return [
         "--config",
         str(DIGITS_CONFIG),
-        "--trainer.default_root_dir",
-        str(run_dir),
         "--trainer.enable_progress_bar",
         "false",
         "--trainer.num_sanity_val_steps",
         "0",
         *extra,
+        "--trainer.default_root_dir",
+        str(run_dir),
     ]

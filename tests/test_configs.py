@@ -20,3 +20,16 @@ def test_gpu_overlay_selects_nccl_ddp_on_all_gpus():
     # The base config's model and data are kept.
     assert config["model"]["network"]["class_path"] == "project.networks.MLP"
     assert config["checkpoint"]["save_last"] is True
+
+
+def test_every_overlay_that_changes_the_data_or_the_model_has_its_own_run_folder():
+    """Runs of different experiments never share a folder, where `--ckpt_path last` would find the other's."""
+    base = yaml.safe_load(DIGITS_CONFIG.read_text())["trainer"]["default_root_dir"]
+    folders = {}
+    for overlay in sorted((REPO / "configs").glob("*.yaml")):
+        config = yaml.safe_load(overlay.read_text())
+        if overlay != DIGITS_CONFIG and ("data" in config or "model" in config):
+            folders[overlay.name] = config.get("trainer", {}).get("default_root_dir")
+    assert folders.keys() >= {"image_folder.yaml", "mnist.yaml", "streaming.yaml"}
+    assert None not in folders.values() and base not in folders.values(), folders
+    assert len(set(folders.values())) == len(folders), folders

@@ -49,6 +49,8 @@ class ImageFolderDataModule(BaseDataModule):
         super().__init__(**kwargs)
         self.mode = "L" if grayscale else "RGB"
         self.folders = image_folders(Path(root), self.mode)
+        if image_size is None:
+            check_one_size(self.folders)
         self.discover(self.folders["train"])
         if self.hparams.predict_path is not None:  # a folder without images is refused before anything runs
             self.read_inputs(Path(self.hparams.predict_path))
@@ -99,6 +101,26 @@ def image_folders(root: Path, mode: str) -> dict[str, Dataset]:
                 f"{path} has the classes {folders[name].classes}, {layout['train']} has {folders['train'].classes}"
             )
     return folders
+
+
+def check_one_size(folders: dict[str, Dataset]) -> None:
+    """Refuses images of different sizes, which cannot be batched without ``image_size``: here, naming two of them,
+    rather than in a loader worker mid-epoch. Reads each file's header only (about 20 us an image)."""
+    from PIL import Image
+
+    first: tuple[str, tuple[int, int]] | None = None
+    for folder in folders.values():
+        for path, _ in folder.samples:
+            with Image.open(path) as image:
+                size = image.size
+            if first is None:
+                first = path, size
+            elif size != first[1]:
+                raise ValueError(
+                    f"images of different sizes: {first[0]} is {first[1][0]}x{first[1][1]}, {path} is"
+                    f" {size[0]}x{size[1]}; give --data.init_args.image_size N to resize every image (shorter side"
+                    " to N, then a center crop of N x N)"
+                )
 
 
 def load_image(path: str, mode: str):

@@ -34,6 +34,7 @@ JOB_FILE = "slurm_job.txt"  # the SLURM job that last trained in a run folder: a
 RUN_ID_ARGS = ("run_id", "version")
 # What a run writes as it starts; a failed run's folder holding nothing else has nothing to keep (RunRecord).
 START_FILES = ("config*.yaml", "hparams.yaml", TRACKERS_FILE, JOB_FILE)
+ANOTHER_EXPERIMENT = "is that run another experiment's? Give each its own trainer.default_root_dir"
 # Names Trainer.fit/test/... resolve themselves instead of reading a file ("last", "best", "auto" are resolved here).
 LIGHTNING_CKPT_ALIASES = ("hpc", "registry")
 
@@ -240,6 +241,23 @@ def describe_checkpoint(checkpoint: str, named: str | None) -> str:
     folder = Path(checkpoint).parent
     run = folder.parent if folder.name == "checkpoints" else folder
     return f"--ckpt_path {named} found the run {run}, whose checkpoint {checkpoint}"
+
+
+def check_found_network(config: Namespace, named: str | None) -> None:
+    """Refuses a checkpoint ``--ckpt_path last|best|auto`` (NAMED) found whose network is another class than the
+    config's: the newest run in the folder is another experiment's. Lightning would build the checkpoint's network
+    instead (its saved hyperparameters win), against data it was not made for."""
+    if named not in ("last", "best", "auto") or not config.ckpt_path:
+        return
+    ours = config.model.get("network")
+    theirs = checkpoint_meta(config.ckpt_path).get("hyper_parameters", {}).get("network")
+    if not isinstance(ours, Namespace) or not isinstance(theirs, dict) or "class_path" not in theirs:
+        return
+    if theirs["class_path"] != ours.class_path:
+        raise RunFolderError(
+            f"{describe_checkpoint(config.ckpt_path, named)} holds a {theirs['class_path']}, the config's network is"
+            f" a {ours.class_path}: {ANOTHER_EXPERIMENT}"
+        )
 
 
 def continue_run(config: Namespace, folder: Path) -> RunPlan:
