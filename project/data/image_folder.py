@@ -111,8 +111,11 @@ def check_one_size(folders: dict[str, Dataset]) -> None:
     first: tuple[str, tuple[int, int]] | None = None
     for folder in folders.values():
         for path, _ in folder.samples:
-            with Image.open(path) as image:
-                size = image.size
+            try:
+                with Image.open(path) as image:
+                    size = image.size
+            except OSError:  # load_image names it, when a worker reads it
+                continue
             if first is None:
                 first = path, size
             elif size != first[1]:
