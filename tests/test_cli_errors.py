@@ -235,7 +235,7 @@ def tiny_image_args(run_dir, root, *extra: str) -> list[str]:
     return quick_args(
         run_dir,
         *("--config", IMAGE_FOLDER_CONFIG, "--data.init_args.root", str(root), "--data.init_args.num_workers", "0"),
-        *("--data.init_args.batch_size", "3", "--trainer.max_epochs", "1", "--model.scheduler.init_args.T_max", "1"),
+        *("--data.init_args.batch_size", "3", "--trainer.max_epochs", "1"),
         *("--trainer.log_every_n_steps", "1"),
         *extra,
     )
