@@ -3,44 +3,53 @@
     python scripts/make_template.py /tmp/lightning-template
     cookiecutter /tmp/lightning-template          # asks for project_name, package_name, author, description
 
-The repository stays the one source of truth: the template is generated, never edited.
+The repository stays the one source of truth: the template is generated, never edited. It is made from the last
+commit, and refused while the working tree has uncommitted changes (they would be silently left out);
+``--worktree`` makes it from the files as they are on disk instead, ``--ref`` from another commit.
 Only real references to the package are replaced (see REFERENCE_PATTERNS), not the English
 word; any text that Jinja would read (``{{``, ``{%``, ``{#``) is wrapped in raw blocks,
-so it reaches the new project unchanged. Needs Python 3.11+ (tomllib).
+so it reaches the new project unchanged. The new project is a git repository with one commit (the post-generation
+hook). Needs Python 3.11+ (tomllib).
 """
 
 import argparse
+import importlib.util
 import io
 import json
 import re
 import subprocess
 import sys
 import tarfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import tomllib  # Python 3.11+: this is a maintainer's tool, the package itself runs on 3.10
 
 PACKAGE_VAR = "{{ cookiecutter.package_name }}"
+SLUG_VAR = "{{ cookiecutter.project_slug }}"
 PROJECT_DIR = "{{cookiecutter.project_slug}}"
 JINJA_OPENERS = ("{{", "{%", "{#")
 ENDRAW = re.compile(r"(\{%[-+]?\s*endraw\s*[-+]?%\})")  # every spelling Jinja ends a raw block with
 
 # Each pattern finds one kind of reference to the package NAME (substituted for {name}).
 REFERENCE_PATTERNS = (
-    r"(?<![\w.\[/-]){name}(?=\.[A-Za-z_])",  # modules, class paths: project.cli (not [project.x])
+    r"(?<![\w.\[/-]){name}(?=\.[A-Za-z_])",  # modules, class paths: project.cli (not the TOML table [project.x])
     r"(?<![\w-]){name}(?=/)",  # paths: project/cli.py
     r"(?<=-m ){name}(?![\w-])",  # python -m project
     r"(?<=\bimport ){name}(?![\w.-])",  # import project
     r"(?<=\bfrom ){name}(?= import\b)",  # from project import doctor
-    r"(?<=[\"'`])(?<!\[\")(?<!\['){name}(?=[\"'`])",  # "project", `project` (not the key in ["project"])
+    r"(?<=[\"'`])(?<![\w)\]]\[[\"']){name}(?=[\"'`])",  # "project", ["project"] (not the key in config["project"])
     r"(?<=[\"'`]){name}(?=[*\[])",  # "project*", "project[dev]"
     r"(?<=`){name}(?= )",  # `project fit ...`: the console command in prose
+    r"(?<=usage: ){name}(?= )",  # usage: project [-c CONFIG] ...: the console command's usage line
+    r"(?<=/bin/){name}(?![\w-])",  # /usr/local/bin/project: the console command's path
     r"(?m)^{name}(?=\s*=\s*[\"']{name}[.:])",  # the console script: project = "project.cli:main"
-    r"(?<==){name}(?![\w-])",  # option values: --job-name=project
+    r"(?<==){name}(?!\w)",  # option values: --job-name=project, --job-name=project-sweep
     r"(?<=/){name}(?=:[\w.-])",  # container images: registry.example.com/project:latest
     r"(?<=:::){name}(?![\w-])",  # warning filters by module: error:::project
+    r"(?<=\[){name}(?=\\?\] )",  # the log prefix: [project] resuming from ..., and r"\[project\] " in a regex
 )
+# Names that must be DNS labels (Kubernetes objects) or read as one word: the project's slug, dashes and all.
+SLUG_PATTERNS = (r"(?<![\w.\[=-]){name}(?=-[a-z])",)  # project-fit, /tmp/project-slurm
 
 
 def file_edits(path: str, description: str) -> tuple[tuple[str, str], ...]:
@@ -66,28 +75,93 @@ if not (package_name.isascii() and package_name.isidentifier()) or keyword.iskey
     sys.exit(f"package_name must be a Python identifier (ASCII letters, digits, underscores), got {package_name!r}")
 '''
 
+POST_GEN_HOOK = '''"""Makes the new project a git repository holding one commit of everything cookiecutter wrote.
 
-def package_name(repo: Path) -> str:
+Without a git identity configured, the template's author makes the commit. A failure leaves the project as written
+and says so (a failing hook would make cookiecutter delete it)."""
+
+import shutil
+import subprocess
+import sys
+
+AUTHOR = {{ cookiecutter.author | tojson }}
+MESSAGE = "New project from the Lightning template: " + {{ cookiecutter.project_name | tojson }}
+
+
+def git(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", *args], capture_output=True, text=True)
+
+
+def commit() -> str:
+    """Why the project could not be committed; empty when it was."""
+    if shutil.which("git") is None:
+        return "git is not installed"
+    identity = []
+    for key, fallback in (("user.name", AUTHOR), ("user.email", "")):
+        if git("config", key).returncode != 0:
+            identity += ["-c", f"{key}={fallback}"]
+    for step in (["init", "-q"], ["add", "-A"], ["commit", "-qm", MESSAGE]):
+        done = git(*identity, *step)
+        if done.returncode != 0:
+            return f"git {step[0]} failed: {done.stderr.strip()}"
+    return ""
+
+
+if why := commit():
+    print(f"the project is written but not committed ({why}): git init && git add -A && git commit", file=sys.stderr)
+'''
+
+Files = dict[str, tuple[bytes, int]]  # path: (content, mode)
+
+
+class UncommittedChanges(RuntimeError):
+    """The working tree differs from the commit the template would be made of."""
+
+
+def package_name(pyproject: dict) -> str:
     """The package pyproject.toml's setuptools section installs: ``project`` from ``project*``."""
-    config = tomllib.loads((repo / "pyproject.toml").read_text())
-    [pattern] = config["tool"]["setuptools"]["packages"]["find"]["include"]
+    [pattern] = pyproject["tool"]["setuptools"]["packages"]["find"]["include"]
     return pattern.rstrip("*")
 
 
-def committed_files(repo: Path, ref: str = "HEAD") -> Iterator[tuple[str, bytes, int]]:
-    """(path, content, mode) of every file committed at REF: one consistent snapshot, nothing hand-listed."""
-    result = subprocess.run(["git", "archive", "--format=tar", ref], cwd=repo, capture_output=True)
+def description(pyproject: dict) -> str:
+    return pyproject["project"]["description"]
+
+
+def read_pyproject(repo: Path) -> dict:
+    return tomllib.loads((repo / "pyproject.toml").read_text())
+
+
+def git(repo: Path, *args: str) -> bytes:
+    result = subprocess.run(["git", *args], cwd=repo, capture_output=True)
     if result.returncode != 0:
-        raise RuntimeError(f"cannot read {ref} of {repo} with git: {result.stderr.decode().strip()}")
-    with tarfile.open(fileobj=io.BytesIO(result.stdout)) as archive:
-        for member in archive:
-            if member.isfile():
-                yield member.name, archive.extractfile(member).read(), member.mode
+        raise RuntimeError(f"cannot read {repo} with git {args[0]}: {result.stderr.decode().strip()}")
+    return result.stdout
+
+
+def committed_files(repo: Path, ref: str = "HEAD") -> Files:
+    """Every file committed at REF: one consistent snapshot, nothing hand-listed."""
+    with tarfile.open(fileobj=io.BytesIO(git(repo, "archive", "--format=tar", ref))) as archive:
+        return {m.name: (archive.extractfile(m).read(), m.mode) for m in archive if m.isfile()}
+
+
+def working_tree_files(repo: Path) -> Files:
+    """Every file the next commit could hold, as it is on disk: tracked and untracked ones, ignored ones aside."""
+    listed = git(repo, "ls-files", "-z", "--cached", "--others", "--exclude-standard").decode().split("\0")
+    paths = [path for path in listed if path and (repo / path).is_file()]  # a deleted tracked file is gone
+    return {path: ((repo / path).read_bytes(), (repo / path).stat().st_mode & 0o777) for path in paths}
+
+
+def uncommitted_changes(repo: Path) -> list[str]:
+    """`git status --short` lines: changed, staged, deleted and untracked files (ignored ones aside)."""
+    return git(repo, "status", "--porcelain", "--untracked-files=all").decode().splitlines()
 
 
 def raw(text: str) -> str:
-    """TEXT as Jinja will print it verbatim: in raw blocks, with any endraw tag in TEXT printed as a string."""
-    if not any(opener in text for opener in JINJA_OPENERS):
+    """TEXT as Jinja will print it verbatim: in raw blocks, with any endraw tag in TEXT printed as a string.
+
+    A TEXT ending in ``{`` is wrapped too: before a variable's ``{{`` it would read as ``{{{`` (f"{project.x}")."""
+    if not any(opener in text for opener in JINJA_OPENERS) and not text.endswith("{"):
         return text
     parts = ENDRAW.split(text)  # text, tag, text, tag, ..., text
     return "".join(
@@ -102,6 +176,7 @@ def template_text(text: str, name: str, path: str = "", description: str = "") -
     PATH picks the per-file edits; DESCRIPTION is this project's, replaced where the README repeats it.
     """
     edits = [(pattern.format(name=re.escape(name)), PACKAGE_VAR) for pattern in REFERENCE_PATTERNS]
+    edits += [(pattern.format(name=re.escape(name)), SLUG_VAR) for pattern in SLUG_PATTERNS]
     edits += file_edits(path, description)
     spans = sorted({(m.start(), m.end(), value) for pattern, value in edits for m in re.finditer(pattern, text)})
     pieces, position = [], 0
@@ -120,26 +195,35 @@ def template_path(path: str, name: str) -> Path:
     return Path(PROJECT_DIR, *parts)
 
 
-def description(repo: Path) -> str:
-    return tomllib.loads((repo / "pyproject.toml").read_text())["project"]["description"]
-
-
-def cookiecutter_json(repo: Path) -> dict:
+def cookiecutter_json(pyproject: dict) -> dict:
     return {
         "project_name": "My Lightning Project",
         "project_slug": "{{ cookiecutter.project_name | slugify }}",  # ASCII letters, digits, dashes
         "package_name": "{{ cookiecutter.project_slug.replace('-', '_') }}",
         "author": "Your Name",
-        "description": description(repo),
+        "description": description(pyproject),
     }
 
 
-def make_template(repo: Path, out_dir: Path, ref: str = "HEAD") -> Path:
-    """Writes the template of REPO at REF into OUT_DIR (which must be empty or absent) and returns OUT_DIR."""
+def make_template(repo: Path, out_dir: Path, ref: str = "HEAD", worktree: bool = False) -> Path:
+    """Writes the template of REPO at REF (or of its working tree) into OUT_DIR, which must be empty or absent.
+
+    At HEAD it refuses a working tree with uncommitted changes, which the template would silently leave out."""
     if out_dir.exists() and any(out_dir.iterdir()):
         raise FileExistsError(f"{out_dir} is not empty")
-    name, words = package_name(repo), description(repo)
-    for path, content, mode in committed_files(repo, ref):
+    if worktree:
+        files = working_tree_files(repo)
+    elif ref == "HEAD" and (changes := uncommitted_changes(repo)):
+        listed = ", ".join([line.strip() for line in changes[:8]] + ["..."] * (len(changes) > 8))
+        raise UncommittedChanges(
+            f"{repo} has uncommitted changes, which a template of its last commit would leave out ({listed}): "
+            "commit them, or pass --worktree to make the template from the files as they are on disk"
+        )
+    else:
+        files = committed_files(repo, ref)
+    pyproject = tomllib.loads(files["pyproject.toml"][0].decode())
+    name, words = package_name(pyproject), description(pyproject)
+    for path, (content, mode) in files.items():
         target = out_dir / template_path(path, name)
         target.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -147,22 +231,28 @@ def make_template(repo: Path, out_dir: Path, ref: str = "HEAD") -> Path:
         except UnicodeDecodeError:  # binary: cookiecutter copies it without rendering
             target.write_bytes(content)
         target.chmod(mode)  # keeps scripts executable
-    (out_dir / "cookiecutter.json").write_text(json.dumps(cookiecutter_json(repo), indent=2) + "\n")
+    (out_dir / "cookiecutter.json").write_text(json.dumps(cookiecutter_json(pyproject), indent=2) + "\n")
     (out_dir / "hooks").mkdir()
     (out_dir / "hooks" / "pre_gen_project.py").write_text(PRE_GEN_HOOK)
+    (out_dir / "hooks" / "post_gen_project.py").write_text(POST_GEN_HOOK)
     return out_dir
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out_dir", type=Path, help="folder to write the template into (empty or absent)")
-    parser.add_argument("--ref", default="HEAD", help="the commit, branch or tag to make it from (default: HEAD)")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--ref", default="HEAD", help="the commit, branch or tag to make it from (default: HEAD)")
+    source.add_argument("--worktree", action="store_true", help="make it from the files on disk, uncommitted or not")
     args = parser.parse_args(argv)
     try:
-        out_dir = make_template(Path(__file__).resolve().parents[1], args.out_dir, args.ref)
+        out_dir = make_template(Path(__file__).resolve().parents[1], args.out_dir, args.ref, args.worktree)
     except (FileExistsError, RuntimeError, ValueError) as error:
         parser.error(str(error))
-    print(f"template written to {out_dir}; create a project with: cookiecutter {out_dir}")
+    made_from = "the working tree, uncommitted changes included" if args.worktree else args.ref
+    print(f"template of {made_from} written to {out_dir}; create a project with: cookiecutter {out_dir}")
+    if importlib.util.find_spec("cookiecutter") is None:
+        print("cookiecutter is not installed here: pip install cookiecutter (it is in the dev extra)")
 
 
 if __name__ == "__main__":

@@ -94,7 +94,7 @@ def test_no_module_but_the_boundary_reaches_into_lightnings_private_api():
 def test_no_class_overrides_a_private_member_of_lightnings_or_subclasses_a_private_class_but_through_the_boundary():
     allowed_bases = {value for value in vars(internals).values() if isinstance(value, type)}
     offences = []
-    for module_info in pkgutil.walk_packages(project.__path__, "project."):
+    for module_info in pkgutil.walk_packages(project.__path__, f"{project.__name__}."):
         module = importlib.import_module(module_info.name)
         for cls in vars(module).values():
             if not (inspect.isclass(cls) and cls.__module__ == module.__name__) or module is internals:

@@ -9,7 +9,7 @@ from conftest import REPO
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
 # A configs/ or scripts/ path named in prose or commands: configs/digits.yaml, scripts/slurm.sbatch, ...
-NAMED_PATH = re.compile(r"(?<![\w./-])((?:configs|scripts|docs|tests|project)/[\w./-]*\w)")
+NAMED_PATH = re.compile(r"(?<![\w./-])((?:configs/|scripts/|docs/|tests/|project/)[\w./-]*\w)")
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda page: page.name)

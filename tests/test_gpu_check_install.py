@@ -4,6 +4,7 @@ holds only torch, Lightning, torchmetrics and scikit-learn (and what they need),
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from importlib import metadata
@@ -14,6 +15,7 @@ from conftest import REPO, project_env
 
 NODE_PACKAGES = ("torch", "lightning", "torchmetrics", "scikit-learn")
 VENV_OWN = {"pip", "setuptools", "wheel"}  # a fresh venv has its own
+ROOT_OUTPUTS = {".git", ".venv", "runs", "data", "wheels", "build", "dist"}  # .gitignore's, and git's own folder
 
 
 def closure(names: tuple[str, ...]) -> set[str]:
@@ -45,6 +47,16 @@ def link_packages(names: set[str], site_packages: Path) -> None:
                 target.symlink_to(source)
 
 
+def not_source(folder: str, names: list[str]) -> set[str]:
+    """What a copy of the repository leaves out (for shutil.copytree): outputs, caches and environments."""
+    outputs = ROOT_OUTPUTS if Path(folder) == REPO else set()
+    return {
+        name
+        for name in names
+        if name in outputs or name in {"__pycache__", "lightning_logs"} or name.endswith((".egg-info", "_cache"))
+    }
+
+
 @pytest.mark.skipif(sys.platform != "linux", reason="the venv layout and symlinks of a Linux node")
 def test_the_offline_gpu_node_install_gives_a_working_cli(tmp_path):
     node = tmp_path / "node"
@@ -52,11 +64,7 @@ def test_the_offline_gpu_node_install_gives_a_working_cli(tmp_path):
     [site_packages] = node.glob("lib/python*/site-packages")
     link_packages(closure(NODE_PACKAGES) - VENV_OWN, site_packages)
     checkout = tmp_path / "checkout"  # the install writes build files into the tree: a copy, not this repository
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, capture_output=True, text=True)
-    for name in files.stdout.split():
-        if (REPO / name).is_file():
-            (checkout / name).parent.mkdir(parents=True, exist_ok=True)
-            (checkout / name).write_bytes((REPO / name).read_bytes())
+    shutil.copytree(REPO, checkout, ignore=not_source)  # a git checkout or a plain folder alike
     env = project_env(WHEELS=str(tmp_path / "wheels"), PIP_DISABLE_PIP_VERSION_CHECK="1")
     env["PATH"] = os.pathsep.join([str(node / "bin"), env["PATH"]])
     env.pop("VIRTUAL_ENV", None)
@@ -66,7 +74,7 @@ def test_the_offline_gpu_node_install_gives_a_working_cli(tmp_path):
     python = str(node / "bin" / "python")
     installed = subprocess.run([python, "-m", "pip", "list"], env=env, capture_output=True, text=True).stdout
     assert re.search(r"^torch\s+2\.14\.1", installed, re.MULTILINE)  # the node's own torch, not replaced
-    outside = {"cwd": tmp_path, "env": env, "capture_output": True, "text": True}  # the installed copy, not ./project
+    outside = {"cwd": tmp_path, "env": env, "capture_output": True, "text": True}  # the installed copy
     doctor = subprocess.run([python, "-m", "project", "doctor"], **outside)
     assert doctor.returncode == 0, doctor.stderr[-3000:]
     assert "ok  correctness SIGTERM preemption and SLURM requeue" in doctor.stdout
