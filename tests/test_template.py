@@ -189,7 +189,7 @@ def test_rendered_project_uses_the_new_names_everywhere(rendered):
     leftovers = re.compile(
         rf"(?<![\w.\[-]){NAME}\.(?:{modules})\b|-m {NAME}\b|\b(?:import|from) {NAME}\b"
         rf"|(?<![\w)\]]\[)[\"'`]{NAME}[\"'`.]"
-        rf"|\[{NAME}\\?\] |=\s*{NAME}\b|\b{NAME}-\w|usage: {NAME}\b|/{NAME}\b(?!\.toml)"  # logs, job names, prog names
+        rf"|\[{NAME}\\?\] |={NAME}\b|\b{NAME}-\w|usage: {NAME}\b|/{NAME}\b(?!\.toml)"  # logs, job names, prog names
     )
     files = [
         project_dir / name
@@ -244,7 +244,7 @@ NOT_RERUN = {
 MULTI_PROCESS_FIT = "tests/test_end_to_end.py::test_ddp_fit_writes_last_checkpoint_after_every_epoch"
 
 
-def tests_naming(project_dir: Path, package: str) -> list[str]:
+def package_naming_tests(project_dir: Path, package: str) -> list[str]:
     """The tests of PROJECT_DIR whose own code names PACKAGE, as pytest node ids."""
     found = []
     for path in sorted((project_dir / "tests").glob("test_*.py")):
@@ -266,7 +266,7 @@ def test_rendered_project_installs_and_its_own_tests_that_name_it_and_lint_pass(
         [str(venv_python), "-c", "import my_vision_lab.cli; print(my_vision_lab.cli.__file__)"], **TEXT_OUTPUT
     )
     assert located.stdout.strip() == str(project_dir / "my_vision_lab" / "cli.py"), located.stderr
-    naming = tests_naming(project_dir, "my_vision_lab")
+    naming = package_naming_tests(project_dir, "my_vision_lab")
     assert set(naming) > NOT_RERUN and MULTI_PROCESS_FIT in naming  # the names above are still the tests' names
     selected = [test for test in naming if test not in NOT_RERUN]
     # One process: this test already shares the 2 cores with the suite's other worker.
