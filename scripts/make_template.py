@@ -46,7 +46,7 @@ REFERENCE_PATTERNS = (
     r"(?<==){name}(?!\w)",  # option values: --job-name=project, --job-name=project-sweep
     r"(?<=/){name}(?=:[\w.-])",  # container images: registry.example.com/project:latest
     r"(?<=:::){name}(?![\w-])",  # warning filters by module: error:::project
-    r"(?<=\[){name}(?=\\?\] )",  # the log prefix: [project] resuming from ..., and r"\[project\] " in a regex
+    r"(?<=\[){name}(?=\\*\] )",  # the log prefix: [project] resuming from ..., and r"\[project\] " in a regex
 )
 # Names that must be DNS labels (Kubernetes objects) or read as one word: the project's slug, dashes and all.
 SLUG_PATTERNS = (r"(?<![\w.\[=-]){name}(?=-[a-z])",)  # project-fit, /tmp/project-slurm
