@@ -32,12 +32,12 @@ ENDRAW = re.compile(r"(\{%[-+]?\s*endraw\s*[-+]?%\})")  # every spelling Jinja e
 
 # Each pattern finds one kind of reference to the package NAME (substituted for {name}).
 REFERENCE_PATTERNS = (
-    r"(?<![\w.\[/-]){name}(?=\.[A-Za-z_])",  # modules, class paths: project.cli (not the TOML table [project.x])
+    r"(?<![\w.\[/-]){name}(?=\.[A-Za-z_])",  # modules, class paths: project.cli (not [project.x])
     r"(?<![\w-]){name}(?=/)",  # paths: project/cli.py
     r"(?<=-m ){name}(?![\w-])",  # python -m project
     r"(?<=\bimport ){name}(?![\w.-])",  # import project
     r"(?<=\bfrom ){name}(?= import\b)",  # from project import doctor
-    r"(?<=[\"'`])(?<![\w)\]]\[[\"']){name}(?=[\"'`])",  # "project", ["project"] (not the key in config["project"])
+    r"(?<=[\"'`])(?<![\w)\]]\[[\"']){name}(?=[\"'`])",  # "project", ["project"] (not config["project"])
     r"(?<=[\"'`]){name}(?=[*\[])",  # "project*", "project[dev]"
     r"(?<=`){name}(?= )",  # `project fit ...`: the console command in prose
     r"(?<=usage: ){name}(?= )",  # usage: project [-c CONFIG] ...: the console command's usage line
@@ -46,7 +46,7 @@ REFERENCE_PATTERNS = (
     r"(?<==){name}(?!\w)",  # option values: --job-name=project, --job-name=project-sweep
     r"(?<=/){name}(?=:[\w.-])",  # container images: registry.example.com/project:latest
     r"(?<=:::){name}(?![\w-])",  # warning filters by module: error:::project
-    r"(?<=\[){name}(?=\\*\] )",  # the log prefix: [project] resuming from ..., and r"\[project\] " in a regex
+    r"(?<=\[){name}(?=\\*\] )",  # log prefix: [project] resuming, r"\[project\] "
 )
 # Names that must be DNS labels (Kubernetes objects) or read as one word: the project's slug, dashes and all.
 SLUG_PATTERNS = (r"(?<![\w.\[=-]){name}(?=-[a-z])",)  # project-fit, /tmp/project-slurm
@@ -160,7 +160,7 @@ def uncommitted_changes(repo: Path) -> list[str]:
 def raw(text: str) -> str:
     """TEXT as Jinja will print it verbatim: in raw blocks, with any endraw tag in TEXT printed as a string.
 
-    A TEXT ending in ``{`` is wrapped too: before a variable's ``{{`` it would read as ``{{{`` (f"{project.x}")."""
+    A TEXT ending in ``{`` (an f-string's brace) is wrapped too: before a variable's ``{{`` it would read as ``{{{``."""
     if not any(opener in text for opener in JINJA_OPENERS) and not text.endswith("{"):
         return text
     parts = ENDRAW.split(text)  # text, tag, text, tag, ..., text
