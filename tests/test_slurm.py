@@ -102,7 +102,7 @@ def release_when_requeued(job: str, restarts: int = 1, timeout: float = 180) -> 
 
 def stop_lines(text: str) -> dict[int, int]:
     """{rank: the step it stopped at} from the ranks' preemption reports."""
-    found = re.findall(r"\[project\] rank (\d): .* stopped at step (\d+)", text)  # a renamed project's name is longer
+    found = re.findall(r"\[project\] rank (\d): .* stopped at step (\d+)", text)
     return {int(rank): int(step) for rank, step in found}
 
 
