@@ -41,6 +41,7 @@ REFERENCE_PATTERNS = (
     r"(?<=[\"'`]){name}(?=[*\[])",  # "project*", "project[dev]"
     r"(?<=`){name}(?= )",  # `project fit ...`: the console command in prose
     r"(?<=usage: ){name}(?= )",  # usage: project [-c CONFIG] ...: the console command's usage line
+    r"(?<=[\"']){name}(?= (?:fit|validate|test|predict|doctor|sweep|consolidate)\b)",  # "project fit"
     r"(?<=/bin/){name}(?![\w-])",  # /usr/local/bin/project: the console command's path
     r"(?m)^{name}(?=\s*=\s*[\"']{name}[.:])",  # the console script: project = "project.cli:main"
     r"(?<==){name}(?!\w)",  # option values: --job-name=project, --job-name=project-sweep

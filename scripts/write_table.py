@@ -3,7 +3,8 @@
 178 wines, 13 measurements each, the grape cultivar (``class_0``..``class_2``) in the ``class`` column; no download::
 
     python scripts/write_table.py data/wine.csv        # or data/wine.parquet (the `table` extra: pyarrow)
-    python -m project fit --config configs/digits.yaml --config configs/table.yaml --data.init_args.path data/wine.csv
+    python -m project fit --config configs/digits.yaml --config configs/table.yaml \\
+        --data.init_args.path data/wine.csv
 """
 
 import argparse

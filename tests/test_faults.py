@@ -199,7 +199,8 @@ def test_ctrl_c_stops_every_rank_at_one_step_saves_it_and_the_printed_command_re
     loader = DATALOADER if to_group else ()
     stopped, _ = fit_with_ctrl_c(run_dir, 1, to_group, "--trainer.devices", "2", *RESUMABLE, *CHECK_EVERY_4, *loader)
     assert stopped.returncode == INTERRUPTED_EXIT_CODE == 130, stopped.stderr[-3000:]
-    announced = "[project] Ctrl-C: every rank stops within 4 steps and saves last.ckpt; Ctrl-C again to stop at once"
+    announced = "[project] Ctrl-C: every rank stops within 4 steps and saves last.ckpt; "
+    announced += "Ctrl-C again to stop at once"
     assert stopped.stderr.count(announced) == 1
     signalled = "rank 0, rank 1" if to_group else "rank 0"
     for rank in (0, 1):

@@ -57,7 +57,8 @@ def test_only_package_references_change_and_jinja_looking_text_survives():
         'f"{{x}}" {% raw %} ${#array[@]} {# {% endraw %} {%- endraw %}\n'
         'f"{project.__name__}." [project] resuming; r"\\[project\\] rank"; '
         "--job-name=project-sweep /tmp/project-slurm\n"
-        'sys.argv = ["project"]; "usage: project [-c CONFIG]"; ["/usr/local/bin/project"]\n'
+        'sys.argv = ["project"]; "usage: project [-c CONFIG]"; ["/usr/local/bin/project"]; '
+        '"project fit --x"\n'
     )
     assert render(source) == (
         "from my_vision_lab.data import X; import my_vision_lab; from my_vision_lab import doctor\n"
@@ -67,7 +68,8 @@ def test_only_package_references_change_and_jinja_looking_text_survives():
         'f"{{x}}" {% raw %} ${#array[@]} {# {% endraw %} {%- endraw %}\n'
         'f"{my_vision_lab.__name__}." [my_vision_lab] resuming; r"\\[my_vision_lab\\] rank"; '
         "--job-name=my_vision_lab-sweep /tmp/my-vision-lab-slurm\n"
-        'sys.argv = ["my_vision_lab"]; "usage: my_vision_lab [-c CONFIG]"; ["/usr/local/bin/my_vision_lab"]\n'
+        'sys.argv = ["my_vision_lab"]; "usage: my_vision_lab [-c CONFIG]"; ["/usr/local/bin/my_vision_lab"]; '
+        '"my_vision_lab fit --x"\n'
     )
 
 
@@ -268,7 +270,8 @@ def test_rendered_project_installs_and_its_own_tests_that_name_it_and_lint_pass(
     assert located.stdout.strip() == str(project_dir / "my_vision_lab" / "cli.py"), located.stderr
     naming = package_naming_tests(project_dir, "my_vision_lab")
     assert set(naming) > NOT_RERUN and MULTI_PROCESS_FIT in naming  # the names above are still the tests' names
-    selected = [test for test in naming if test not in NOT_RERUN]
+    # And test_lock.py: its lock names the package it reads from pyproject.toml.
+    selected = [test for test in naming if test not in NOT_RERUN] + ["tests/test_lock.py"]
     # One process: this test already shares the 2 cores with the suite's other worker.
     command = [
         str(venv_python),
@@ -287,9 +290,9 @@ def test_rendered_project_installs_and_its_own_tests_that_name_it_and_lint_pass(
     assert result.returncode == 0, result.stdout[-5000:]
     passed = {line.split("[")[0] for line in re.findall(r"^PASSED (\S+)", result.stdout, re.MULTILINE)}
     # The rest: the SLURM sweep (deselected) and test_template.py's end-to-end tests, which skip in a project
-    # already named my_vision_lab (they would render it again).
+    # already named my_vision_lab (they would render it again); test_lock.py, named as a file (its exit code).
     not_passed = {test for test in selected if test not in passed}
-    assert all("test_slurm.py" in test or "test_template.py" in test for test in not_passed), not_passed
+    assert all(re.search("test_(slurm|template|lock).py", test) for test in not_passed), not_passed
     assert MULTI_PROCESS_FIT in passed and "tests/test_boundary.py" in " ".join(passed) and len(passed) >= 15
     lint = subprocess.run([str(venv_python), "-m", "ruff", "check", "."], cwd=project_dir, **TEXT_OUTPUT)
     assert lint.returncode == 0, lint.stdout[-3000:]  # its CI runs ruff too: renamed lines must still fit
