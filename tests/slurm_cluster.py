@@ -204,6 +204,43 @@ def wait_state(job_id: str, states: set[str] | str = "RUNNING", timeout: float =
     pytest.fail(f"SLURM job {job_id} not in {sorted(states)} after {timeout:.0f} s: {state}")
 
 
+def job_processes(job_id: str) -> list[int]:
+    """The ``slurmstepd`` processes of JOB_ID on this machine (every node of the test cluster is here): its batch,
+    extern and srun steps, while the nodes still run or clean them up."""
+    pids = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # the process ended while we looked
+            continue
+        if text.startswith(f"slurmstepd: [{job_id}."):
+            pids.append(int(cmdline.parent.name))
+    return pids
+
+
+def release_when_requeued(job_id: str, restarts: int = 1, timeout: float = 180) -> float:
+    """Once the requeued job waits (PENDING, reason BeginTime: about 2 minutes) and its previous run's steps are gone
+    from every node, lets it start now; returns the seconds from the call to the release.
+
+    Released while the nodes still clean up the previous run, the job was killed as "non-startable: Job credential
+    revoked" and ended FAILED (PITFALLS.md, 29): the steps' processes must be gone first, then the controller must
+    show no step of the job."""
+    start, deadline = time.monotonic(), time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = job_state(job_id)
+        if (
+            state
+            and state["state"] == "PENDING"
+            and state.get("restarts", 0) >= restarts
+            and not job_processes(job_id)
+            and not _run("squeue", "-h", "-s", "-j", str(job_id)).stdout.strip()
+        ):
+            _run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
+            return time.monotonic() - start
+        time.sleep(0.3)
+    pytest.fail(f"job {job_id} was not requeued within {timeout:.0f} s: {job_state(job_id)}")
+
+
 def job_output(path: Path | str, timeout: float = 10) -> str:
     """The text of a job's ``--output`` file (waiting up to TIMEOUT s for it to appear); "" if it never does."""
     path = Path(path)

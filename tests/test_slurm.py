@@ -15,7 +15,14 @@ import pytest
 import torch
 import yaml
 from conftest import REPO, last_checkpoint, run_folder, run_project
-from slurm_cluster import job_output, job_state, sbatch, slurm_cluster, slurm_env, wait_job, wait_state  # noqa: F401
+from slurm_cluster import (  # noqa: F401 (slurm_cluster: the fixture)
+    job_output,
+    release_when_requeued,
+    sbatch,
+    slurm_cluster,
+    slurm_env,
+    wait_job,
+)
 
 pytestmark = pytest.mark.slurm
 
@@ -85,19 +92,6 @@ def wait_for(path: Path, timeout: float = 120) -> None:
     while not path.exists():
         assert time.monotonic() < deadline, f"{path} never appeared"
         time.sleep(0.2)
-
-
-def release_when_requeued(job: str, restarts: int = 1, timeout: float = 180) -> float:
-    """Once the requeued job waits (PENDING, reason BeginTime: about 2 minutes), lets it start now; returns the
-    seconds the requeue took, from its run's end to PENDING."""
-    start, deadline = time.monotonic(), time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        state = job_state(job)
-        if state and state["state"] == "PENDING" and state.get("restarts", 0) >= restarts:
-            subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True, capture_output=True)
-            return time.monotonic() - start
-        time.sleep(0.3)
-    pytest.fail(f"job {job} was not requeued within {timeout:.0f} s: {job_state(job)}")
 
 
 def stop_lines(text: str) -> dict[int, int]:
