@@ -1,6 +1,7 @@
 """Shared fixtures: a clean environment per test and a runner for real `python -m project` processes."""
 
 import contextlib
+import csv
 import io
 import logging
 import os
@@ -157,6 +158,17 @@ def run_folder(root: Path, version: int | None = None) -> Path:
     versions = sorted(root.glob("lightning_logs/version_*"), key=lambda path: int(path.name.split("_")[1]))
     assert versions, f"no run in {root}"
     return versions[-1]
+
+
+def logged_metrics(root: Path) -> list[tuple[str, int]]:
+    """Each (metric, step) that the newest run under ROOT logged in its metrics.csv, in file order: a run resumed
+    after an interruption holds each step once, as the uninterrupted run does."""
+    with (run_folder(root) / "metrics.csv").open(newline="") as file:
+        rows = list(csv.DictReader(file))
+    return [(key, int(row["step"])) for row in rows for key, value in row.items() if value and key not in NOT_METRICS]
+
+
+NOT_METRICS = ("step", "epoch")
 
 
 def checkpoint_dir(root: Path, version: int | None = None) -> Path:

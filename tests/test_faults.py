@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -23,6 +24,7 @@ from conftest import (
     finish,
     free_port,
     last_checkpoint,
+    logged_metrics,
     processes_left,
     project_env,
     quick_args,
@@ -90,29 +92,41 @@ RESUMABLE = ("--trainer.max_epochs", "2", "--model.network.init_args.dropout", "
 DATALOADER = ("--data.init_args.in_memory", "false", "--data.init_args.num_workers", "1")
 
 
+class Uninterrupted(NamedTuple):
+    weights: dict[str, torch.Tensor]
+    logged: list[tuple[str, int]]  # (metric, step) in metrics.csv
+
+
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory) -> dict[str, torch.Tensor]:
+def uninterrupted(tmp_path_factory) -> Uninterrupted:
     run_dir = tmp_path_factory.mktemp("uninterrupted")
     result, _ = fit(run_dir, *RESUMABLE)
     assert result.returncode == 0, result.stderr[-3000:]
     ckpt = torch.load(last_checkpoint(run_dir), weights_only=True)
     assert ckpt["global_step"] == 20  # 2 epochs of 10 steps (1258 samples, 2 ranks, batch 64)
-    return ckpt["state_dict"]
+    return Uninterrupted(ckpt["state_dict"], logged_metrics(run_dir))
 
 
-def assert_resumes_to(uninterrupted: dict[str, torch.Tensor], run_dir: Path, *flags: str) -> None:
-    """`fit --ckpt_path last` in RUN_DIR ends with bit-identical weights to the uninterrupted run."""
+def assert_same_end(uninterrupted: Uninterrupted, run_dir: Path) -> None:
+    """RUN_DIR's one run ended at the uninterrupted run's step, with its weights bit for bit, and its metrics.csv
+    holds each step once: the rows logged after the checkpoint it resumed from were dropped."""
+    final = torch.load(last_checkpoint(run_dir), weights_only=True)
+    assert final["global_step"] == 20 and len(list(run_dir.glob("lightning_logs/version_*"))) == 1
+    assert final["state_dict"].keys() == uninterrupted.weights.keys()
+    for name, value in uninterrupted.weights.items():
+        assert torch.equal(final["state_dict"][name], value), name
+    assert logged_metrics(run_dir) == uninterrupted.logged
+
+
+def assert_resumes_to(uninterrupted: Uninterrupted, run_dir: Path, *flags: str) -> None:
+    """`fit --ckpt_path last` in RUN_DIR ends as the uninterrupted run (``assert_same_end``)."""
     resumed, _ = fit(run_dir, *RESUMABLE, *flags, "--ckpt_path", "last")
     assert_ends_as(uninterrupted, run_dir, resumed)
 
 
-def assert_ends_as(uninterrupted: dict[str, torch.Tensor], run_dir: Path, resumed: subprocess.CompletedProcess) -> None:
+def assert_ends_as(uninterrupted: Uninterrupted, run_dir: Path, resumed: subprocess.CompletedProcess) -> None:
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    final = torch.load(last_checkpoint(run_dir), weights_only=True)
-    assert final["global_step"] == 20
-    assert final["state_dict"].keys() == uninterrupted.keys()
-    for name, value in uninterrupted.items():
-        assert torch.equal(final["state_dict"][name], value), name
+    assert_same_end(uninterrupted, run_dir)
 
 
 @pytest.mark.parametrize(
@@ -307,10 +321,7 @@ def test_torchrun_restarts_a_killed_rank_and_the_run_resumes_itself_to_the_same_
     assert result.returncode == 0, result.stderr[-3000:]
     assert "--ckpt_path auto: no checkpoint to resume, starting a new run" in result.stderr
     assert f"[project] resuming from {last_checkpoint(root)}" in result.stderr  # the restart, in the same run
-    final = torch.load(last_checkpoint(root), weights_only=True)
-    assert final["global_step"] == 20 and len(list(root.glob("lightning_logs/version_*"))) == 1
-    for name, value in uninterrupted.items():
-        assert torch.equal(final["state_dict"][name], value), name
+    assert_same_end(uninterrupted, root)
 
 
 def test_a_port_already_in_use_fails_fast_with_a_clear_error(tmp_path):

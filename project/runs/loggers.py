@@ -1,10 +1,11 @@
-"""Loggers: Lightning's, with two fixes: a resumed run keeps its history; runs that start together get their own
-folders."""
+"""Loggers: Lightning's, with three fixes: a resumed run keeps its history, without the rows logged after its
+checkpoint; runs that start together get their own folders."""
 
 from pathlib import Path
+from typing import Any
 
 from lightning.fabric.loggers.logger import rank_zero_experiment
-from lightning.pytorch import loggers
+from lightning.pytorch import Trainer, loggers
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.utilities import rank_zero_only
 
@@ -13,10 +14,12 @@ from project.runtime import lightning_internals as internals
 
 
 class CSVLogger(loggers.CSVLogger):
-    """Lightning's ``CSVLogger``, except that a resumed run appends to its ``metrics.csv``.
+    """Lightning's ``CSVLogger``, except that a resumed run appends to its ``metrics.csv`` (from its checkpoint on).
 
     Lightning's deletes the file when its folder already exists, which would lose everything a resumed run
-    (``fit --ckpt_path last`` logs into its own version folder again) logged before the interruption.
+    (``fit --ckpt_path last`` logs into its own version folder again) logged before the interruption. Rows logged
+    after the checkpoint are logged again by the resumed run: each checkpoint records how many rows were logged before
+    it (``record_rows``), and the resume drops the rest (``drop_rows_after``), so each step is in the file once.
     """
 
     @property
@@ -35,3 +38,28 @@ class CSVLogger(loggers.CSVLogger):
         """Lightning's, except into a run folder that is gone: a failed run's, with nothing to keep (RunRecord)."""
         if Path(self.log_dir).is_dir():
             super().save()
+
+
+METRICS_ROWS_KEY = "metrics_csv_rows"  # in a checkpoint: the rows of metrics.csv logged before it
+
+
+def _csv_logger(trainer: Trainer) -> CSVLogger | None:
+    return next((logger for logger in trainer.loggers if isinstance(logger, CSVLogger)), None)
+
+
+def record_rows(trainer: Trainer, checkpoint: dict[str, Any]) -> None:
+    """On saving CHECKPOINT (rank 0 writes it): the rows logged so far, flushed to the file first, so that a process
+    killed after the checkpoint never loses the rows logged before it."""
+    logger = _csv_logger(trainer)
+    if logger is not None and trainer.is_global_zero:
+        logger.save()
+        checkpoint[METRICS_ROWS_KEY] = logger.experiment.rows_logged
+
+
+def drop_rows_after(trainer: Trainer, checkpoint: dict[str, Any]) -> None:
+    """On resuming from CHECKPOINT: the rows the interrupted attempt logged after it, for its step or later, are
+    dropped; the resumed run logs them again. (The epoch-end rows of the checkpoint's own epoch, logged for the step
+    before it once it was saved, stay: a resumed run does not log them again.)"""
+    logger, rows = _csv_logger(trainer), checkpoint.get(METRICS_ROWS_KEY)
+    if logger is not None and rows is not None and trainer.is_global_zero:
+        logger.experiment.drop_rows(after=rows, from_step=checkpoint["global_step"])

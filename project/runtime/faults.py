@@ -177,8 +177,8 @@ class Heartbeat:
 class NonFiniteLosses:
     """Stops training when the loss turns NaN/inf, naming the step, and never lets non-finite weights be saved.
 
-    Each step only keeps its (already detached) loss tensor; they are checked together every ``log_every_n_steps``
-    steps, at epoch end and before each checkpoint: one host sync per window, none per step. ``RunGuard`` runs
+    Each step only keeps its (already detached) loss tensor; they are checked together at every ``log_every_n_steps``-th
+    step, at epoch end and before each checkpoint: one host sync per window, none per step. ``RunGuard`` runs
     before ``ModelCheckpoint`` (Lightning orders checkpoint callbacks last), so the last checkpoint keeps the last
     finite weights.
     """
@@ -193,7 +193,7 @@ class NonFiniteLosses:
             self._first_step = trainer.global_step
         if isinstance(loss, torch.Tensor):
             self._losses.append(loss)
-        if len(self._losses) >= trainer.log_every_n_steps:
+        if trainer.global_step % trainer.log_every_n_steps == 0:  # at the logging steps: a resumed run's too
             self.check(trainer)
 
     def check(self, trainer: Trainer) -> None:

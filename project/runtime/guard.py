@@ -5,8 +5,10 @@ from typing import Any
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.trainer.states import TrainerFn
 
 from project.runs.checkpointing import gather_rng_states, restore_rng_states
+from project.runs.loggers import drop_rows_after, record_rows
 from project.runtime import lightning_internals as internals
 from project.runtime.faults import FailFast, NonFiniteLosses, report
 from project.runtime.preemption import Interrupted, Preempted, PreemptionCheck
@@ -20,6 +22,7 @@ class RunGuard(Callback):
     - fail fast (``runtime/faults.py``): on an exception, names the failed rank and stops the ranks it launched;
     - NaN guard (``runtime/faults.py``): stops at a non-finite loss, never saves non-finite weights;
     - RNG states (``runs/checkpointing.py``): every rank's, in each checkpoint, restored on resume;
+    - ``metrics.csv`` (``runs/loggers.py``): flushed at each checkpoint, cut back to it on resume;
     - preemption (``runtime/preemption.py``): on SIGTERM, SLURM's requeue signal or Ctrl-C to any rank, every rank
       stops at the same step, last.ckpt is saved (the job requeued on the requeue signal), the run exits 143 (130 on
       Ctrl-C; a second Ctrl-C stops at once without saving);
@@ -105,9 +108,12 @@ class RunGuard(Callback):
     def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
         self.non_finite.check_weights(trainer, checkpoint["state_dict"])
         checkpoint["rng_states"] = gather_rng_states(trainer)
+        record_rows(trainer, checkpoint)
 
     def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
         restore_rng_states(trainer, checkpoint)
+        if trainer.state.fn == TrainerFn.FITTING:
+            drop_rows_after(trainer, checkpoint)
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         if isinstance(exception, Preempted):

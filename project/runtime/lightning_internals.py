@@ -313,12 +313,42 @@ def resume_point(trainer: Trainer) -> tuple[int, bool]:
 
 
 class _AppendingExperimentWriter(ExperimentWriter):
-    """Keeps an existing ``metrics.csv``: its columns are taken as known, new rows are appended below its rows."""
+    """Keeps an existing ``metrics.csv``: its columns are taken as known, new rows are appended below its rows. Counts
+    the rows logged (in the file and buffered), and can cut the file back to its first rows (a resume)."""
+
+    rows_saved = 0  # in the file
 
     def _check_log_dir_exists(self) -> None:
         if self._fs.isfile(self.metrics_file_path):
             with self._fs.open(self.metrics_file_path, "r", newline="") as file:
-                self.metrics_keys = list(csv.DictReader(file).fieldnames or [])
+                reader = csv.DictReader(file)
+                self.metrics_keys = list(reader.fieldnames or [])
+                self.rows_saved = sum(1 for _ in reader)
+
+    def save(self) -> None:
+        self.rows_saved += len(self.metrics)
+        super().save()
+
+    @property
+    def rows_logged(self) -> int:
+        return self.rows_saved + len(self.metrics)
+
+    def drop_rows(self, after: int, from_step: int) -> None:
+        """Drops the rows after the first AFTER whose step is FROM_STEP or later, in the file (rewritten atomically)
+        and in the buffer."""
+        self.metrics = self.metrics[: max(0, after - self.rows_saved)]
+        if after >= self.rows_saved:
+            return
+        with self._fs.open(self.metrics_file_path, "r", newline="") as file:
+            reader = csv.DictReader(file)
+            rows = [row for index, row in enumerate(reader) if index < after or int(row["step"]) < from_step]
+        partial = f"{self.metrics_file_path}.partial"
+        with self._fs.open(partial, "w", newline="") as file:
+            writer = csv.DictWriter(file, fieldnames=self.metrics_keys)
+            writer.writeheader()
+            writer.writerows(rows)
+        self._fs.mv(partial, self.metrics_file_path)
+        self.rows_saved = len(rows)
 
 
 def appending_csv_experiment(logger: Any) -> ExperimentWriter:
