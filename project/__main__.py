@@ -18,7 +18,7 @@ def main(args: list[str] | None = None) -> None:
 
     from project.cli import build_cli
     from project.runs.folders import program_name
-    from project.runtime import doctor
+    from project.runtime import doctor, restarts
     from project.runtime.lightning_internals import LightningMismatch, silence_known_noise
 
     doctor.apply_debug_switch()
@@ -36,7 +36,12 @@ def main(args: list[str] | None = None) -> None:
         build_cli(args, prog=program_name(sys.argv[0]))
     except LightningMismatch as error:
         print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(restarts.REFUSED_EXIT_CODE)
+    except FloatingPointError:  # the NaN guard, already reported and recorded (runtime/guard.py): never restarted
+        sys.exit(restarts.DETERMINISTIC_EXIT_CODE)
+    except SystemExit as error:
+        restarts.record_exit(error)
+        raise
     finally:
         # torch asks every process to destroy its group before exiting; Lightning does so only for NCCL. Left to the
         # interpreter's exit, gloo's threads can abort it (pytorch/pytorch#190489).

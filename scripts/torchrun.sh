@@ -7,9 +7,19 @@
 #     NUM_NODES=2 DEVICES=8 NODE_RANK=0 MASTER_ADDR=node0 MASTER_PORT=29500 scripts/torchrun.sh --config ...
 #
 # The trainer's num_nodes/devices are set from the same variables, after "$@" so that they win over the config.
+#
+# Self-healing: when a worker fails (crashes, is killed, or hangs past the process-group timeout), torchrun restarts
+# every worker of the node, up to MAX_RESTARTS times (default 3); with `--ckpt_path auto` they resume the run from
+# its newest checkpoint. torchrun cannot tell a refusal (exit 2) or the NaN guard (exit 3) from a crash: those are
+# restarted too, within the budget. Each worker records its outcome in PROJECT_EXIT_FILE (the restart's cause).
 set -euo pipefail
 NUM_NODES=${NUM_NODES:-1}
 DEVICES=${DEVICES:-1}
+MAX_RESTARTS=${MAX_RESTARTS:-3}
+if [[ ! $MAX_RESTARTS =~ ^[0-9]+$ ]]; then
+  echo "error: MAX_RESTARTS must be a non-negative integer (torchrun's --max-restarts), got '$MAX_RESTARTS'" >&2
+  exit 2
+fi
 if [[ $NUM_NODES == 1 ]]; then
   # Static rendezvous on this machine, not --standalone: with --max-restarts, torch 2.14's c10d rendezvous hands
   # restarted workers the gloo addresses of the killed ones.
@@ -21,5 +31,8 @@ else
     --master-port "${MASTER_PORT:-29500}"
   )
 fi
-exec torchrun --nnodes "$NUM_NODES" --nproc-per-node "$DEVICES" "${rendezvous[@]}" \
+PROJECT_EXIT_FILE=${PROJECT_EXIT_FILE:-$(mktemp "${TMPDIR:-/tmp}/project-exit.XXXXXX")}
+export PROJECT_EXIT_FILE
+trap 'rm -f "$PROJECT_EXIT_FILE"' EXIT
+torchrun --nnodes "$NUM_NODES" --nproc-per-node "$DEVICES" "${rendezvous[@]}" --max-restarts "$MAX_RESTARTS" \
   -m project fit "$@" --trainer.num_nodes "$NUM_NODES" --trainer.devices "$DEVICES"

@@ -19,7 +19,8 @@ class FailAt(Callback):
     SIGSTOP (it hangs without dying).
 
     ``rank: -1`` fails every rank. Running before ModelCheckpoint (Lightning orders checkpoint callbacks
-    last), so a checkpoint due at ``step`` is never written. ``first_attempt_only``: not after a torchrun restart.
+    last), so a checkpoint due at ``step`` is never written. ``attempt``: only in that attempt of a run torchrun
+    restarts (0: the first), else in every one.
     """
 
     def __init__(
@@ -27,14 +28,14 @@ class FailAt(Callback):
         step: int,
         rank: int = -1,
         action: Literal["raise", "sigkill", "sigterm", "sigstop"] = "raise",
-        first_attempt_only: bool = False,
+        attempt: int | None = None,
     ) -> None:
-        self.step, self.rank, self.action, self.first_attempt_only = step, rank, action, first_attempt_only
+        self.step, self.rank, self.action, self.attempt = step, rank, action, attempt
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: object) -> None:
         if trainer.global_step != self.step or self.rank not in (-1, trainer.global_rank):
             return
-        if self.first_attempt_only and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+        if self.attempt is not None and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) != self.attempt:
             return
         if self.action in ("sigkill", "sigterm", "sigstop"):
             os.kill(os.getpid(), getattr(signal, self.action.upper()))

@@ -205,16 +205,18 @@ def wait_state(job_id: str, states: set[str] | str = "RUNNING", timeout: float =
 
 
 def job_processes(job_id: str) -> list[int]:
-    """The ``slurmstepd`` processes of JOB_ID on this machine (every node of the test cluster is here): its batch,
-    extern and srun steps, while the nodes still run or clean them up."""
+    """The processes of JOB_ID on this machine (every node of the test cluster is here): its steps' ``slurmstepd``,
+    and the batch script, srun and tasks they started (SLURM_JOB_ID in their environment), which can outlive their
+    step after a node failure."""
     pids = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+    for proc in Path("/proc").glob("[0-9]*"):
         try:
-            text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            text = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            environ = (proc / "environ").read_bytes().split(b"\0")
         except OSError:  # the process ended while we looked
             continue
-        if text.startswith(f"slurmstepd: [{job_id}."):
-            pids.append(int(cmdline.parent.name))
+        if text.startswith(f"slurmstepd: [{job_id}.") or f"SLURM_JOB_ID={job_id}".encode() in environ:
+            pids.append(int(proc.name))
     return pids
 
 

@@ -290,38 +290,46 @@ def test_training_makes_no_per_step_collective(tmp_path):
         assert sum(record["counts"].values()) / record["steps"] <= 0.1
 
 
-def test_torchrun_restarts_a_killed_rank_and_the_run_resumes_itself_to_the_same_weights(uninterrupted, tmp_path):
-    """`torchrun --max-restarts 1` with `--ckpt_path auto`: rank 1 is SIGKILLed after the first epoch's checkpoint;
-    torchrun restarts both ranks, which resume from that checkpoint by themselves."""
+def test_torchrun_restarts_a_rank_killed_twice_and_the_run_resumes_itself_to_the_same_weights(uninterrupted, tmp_path):
+    """scripts/torchrun.sh (2 workers, MAX_RESTARTS=2) with `--ckpt_path auto`: rank 1 is SIGKILLed at step 13, then
+    again at step 18 of the restarted attempt; torchrun restarts both ranks each time, which resume from the newest
+    checkpoint (every 4 steps) by themselves: the uninterrupted run's weights and logs, in one run folder."""
     root = tmp_path / "run"
-    # Static rendezvous, as scripts/torchrun.sh: with --standalone (c10d), torch 2.14 hands restarted workers the
-    # gloo addresses of the killed ones.
-    torchrun = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nnodes",
-        "1",
-        "--node-rank",
-        "0",
-        "--nproc-per-node",
-        "2",
-    ]
-    torchrun += ["--master-addr", "127.0.0.1", "--master-port", str(free_port())]
-    args = quick_args(root, "--trainer.devices", "2", *RESUMABLE, "--ckpt_path", "auto")
-    args += [*fail_at(13, 1, "sigkill"), "--trainer.callbacks.first_attempt_only", "true"]
+    args = quick_args(root, *RESUMABLE, "--ckpt_path", "auto", "--checkpoint.every_n_train_steps", "4")
+    for attempt, step in enumerate((13, 18)):
+        args += [*fail_at(step, 1, "sigkill"), "--trainer.callbacks.attempt", str(attempt)]
+    env = project_env(PYTHONPATH=TESTS, DEVICES="2", MAX_RESTARTS="2", MASTER_PORT=str(free_port()))
+    env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"  # the launcher calls torchrun
     result = subprocess.run(
-        [*torchrun, "--max-restarts", "1", "-m", "project", "fit", *args],
+        ["bash", str(REPO / "scripts" / "torchrun.sh"), *args],
         cwd=REPO,
-        env=project_env(PYTHONPATH=TESTS),
+        env=env,
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "--ckpt_path auto: no checkpoint to resume, starting a new run" in result.stderr
-    assert f"[project] resuming from {last_checkpoint(root)}" in result.stderr  # the restart, in the same run
+    assert f"[project] resuming from {last_checkpoint(root)}" in result.stderr  # the restarts, in the same run
+    restarts = (root / "lightning_logs" / "version_0" / "restarts.txt").read_text().splitlines()
+    assert [line.split(":")[0] for line in restarts] == ["torchrun restart 1", "torchrun restart 2"]
     assert_same_end(uninterrupted, root)
+
+
+def test_a_restart_budget_that_is_not_a_count_is_refused_before_anything_starts(tmp_path):
+    for script in ("torchrun.sh", "slurm.sbatch"):
+        env = project_env(MAX_RESTARTS="three", SLURM_NNODES="1", SLURM_NTASKS_PER_NODE="1", SLURM_JOB_ID="1")
+        result = subprocess.run(
+            ["bash", str(REPO / "scripts" / script), *quick_args(tmp_path / "run")],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode == 2, result.stderr
+        assert "MAX_RESTARTS must be a non-negative integer" in result.stderr and "'three'" in result.stderr
+    assert not (tmp_path / "run").exists()
 
 
 def test_a_port_already_in_use_fails_fast_with_a_clear_error(tmp_path):

@@ -4,7 +4,9 @@ must end with the weights of the uninterrupted run."""
 
 import csv
 import math
+import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -14,9 +16,10 @@ import optuna
 import pytest
 import torch
 import yaml
-from conftest import REPO, last_checkpoint, run_folder, run_project
+from conftest import REPO, last_checkpoint, logged_metrics, run_folder, run_project
 from slurm_cluster import (  # noqa: F401 (slurm_cluster: the fixture)
     job_output,
+    job_state,
     release_when_requeued,
     sbatch,
     slurm_cluster,
@@ -63,7 +66,7 @@ def submit(out: Path, run_dir: Path, *options: str, fit: tuple[str, ...] = (), n
         *("--trainer.default_root_dir", str(run_dir), "--trainer.enable_progress_bar", "false"),
         *fit,
         cwd=REPO,
-        env=slurm_env(PYTHONPATH=TESTS),
+        env=slurm_env(PYTHONPATH=TESTS, PROJECT_EXIT_DIR=str(out)),
     )
 
 
@@ -228,3 +231,85 @@ def test_a_sweep_runs_its_trials_as_a_job_array_and_its_best_config_reruns(slurm
     with (run_folder(tmp_path / "rerun") / "metrics.csv").open(newline="") as file:
         [*_, last] = [float(row["val_acc"]) for row in csv.DictReader(file) if row.get("val_acc")]
     assert last == pytest.approx(study.best_value, abs=1e-6)
+
+
+def task_pid(job: str, rank: int) -> int:
+    """The pid of rank RANK's `python -m project` in JOB (every node of the test cluster is this machine)."""
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            argv = (environ.parent / "cmdline").read_bytes().split(b"\0")
+            env = environ.read_bytes().split(b"\0")
+        except OSError:
+            continue
+        wanted = {f"SLURM_JOB_ID={job}".encode(), f"SLURM_PROCID={rank}".encode()}
+        if argv[1:3] == [b"-m", b"project"] and wanted <= set(env):
+            return int(environ.parent.name)
+    pytest.fail(f"no rank {rank} of job {job} running")
+
+
+def saved_step(run_dir: Path) -> int:
+    """The step of the run's newest last.ckpt (0 before the first)."""
+    last = run_dir / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+    try:
+        return torch.load(last, map_location="cpu", weights_only=True, mmap=True)["global_step"]
+    except (FileNotFoundError, RuntimeError, EOFError):  # not written yet, or replaced as it was read
+        return 0
+
+
+def wait_for_step(run_dir: Path, step: int, timeout: float = 120) -> float:
+    """Waits until the run has saved STEP or a later one; returns when it did (time.monotonic)."""
+    deadline = time.monotonic() + timeout
+    while saved_step(run_dir) < step:
+        assert time.monotonic() < deadline, f"the run never saved step {step} (at {saved_step(run_dir)})"
+        time.sleep(0.2)
+    return time.monotonic()
+
+
+def set_node(node: str, state: str) -> None:
+    """DOWN, or RESUME (refused when the node is back already: ReturnToService=2 brings it back as its slurmd
+    answers)."""
+    reason = ["Reason=chaos test"] if state == "DOWN" else []  # RESUME takes none
+    subprocess.run(["scontrol", "update", f"NodeName={node}", f"State={state}", *reason], check=state == "DOWN")
+
+
+def test_a_job_hit_by_every_fault_heals_itself_and_ends_as_the_uninterrupted_one(reference, tmp_path):
+    """docs/multi-node.md's sbatch line, one job hit in turn by: SIGKILL of rank 1 (srun restarts the step in the
+    allocation), SIGSTOP of rank 1 (rank 0 fails at the 10 s process-group timeout naming it; restarted), SLURM's
+    time-limit signal (saved, requeued, resumed) and node2 taken down, then brought back (SLURM requeues the job).
+    It ends COMPLETED at the uninterrupted job's step with its weights, in one run folder, each step logged once."""
+    run_dir = tmp_path / "run"
+    fit = (*slow(0.05), "--trainer.callbacks.first_attempt_only", "false")
+    # A stop every 9 steps of an attempt: never at an epoch's last step here (see the report on such resumes).
+    fit += ("--guard.preemption_check_every_n_steps", "9")
+    fit += ("--trainer.strategy.init_args.timeout", "0:00:10")
+    started = time.monotonic()
+    job = submit(tmp_path, run_dir, "--requeue", fit=fit)
+    wait_for_step(run_dir, 40)
+    os.kill(task_pid(job, 1), signal.SIGKILL)
+    wait_for_step(run_dir, 100)
+    os.kill(task_pid(job, 1), signal.SIGSTOP)
+    wait_for_step(run_dir, 160)
+    subprocess.run(["scancel", "--signal=USR1", job], check=True)
+    release_when_requeued(job, restarts=1)
+    wait_for_step(run_dir, 240)
+    set_node("node2", "DOWN")
+    try:
+        deadline = time.monotonic() + 60
+        while (job_state(job) or {}).get("restarts", 0) < 2:
+            assert time.monotonic() < deadline, job_state(job)
+            time.sleep(0.3)
+    finally:
+        set_node("node2", "RESUME")
+    release_when_requeued(job, restarts=2)
+    state, text = finished(job, tmp_path)
+    print(f"chaos job: {time.monotonic() - started:.1f} s")
+    assert (state["state"], state["exit_code"]) == ("COMPLETED", 0), f"{state}\n{text[-4000:]}"
+    assert "[slurm.sbatch] restart 1 of 3 in this allocation: " in text
+    assert "[slurm.sbatch] restart 2 of 3 in this allocation: rank 1 stopped: its last heartbeat" in text
+    restarts = (run_folder(run_dir) / "restarts.txt").read_text().splitlines()
+    assert len(restarts) == 4, restarts
+    checkpoint = torch.load(last_checkpoint(run_dir), map_location="cpu", weights_only=True)
+    assert checkpoint["global_step"] == EPOCHS * STEPS_PER_EPOCH
+    assert_same_weights(run_dir, weights(reference[0]))
+    assert [path.name for path in (run_dir / "lightning_logs").iterdir()] == ["version_0"]
+    assert logged_metrics(run_dir) == logged_metrics(reference[0])

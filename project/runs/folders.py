@@ -26,6 +26,7 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from project.runs.checkpointing import checkpoint_meta, recover_interrupted_save
 from project.runtime.faults import report
+from project.runtime.restarts import record_restart, srun_restart_count
 
 RUN_FOLDER = re.compile(r"version_(\d+)")
 TRACKERS_FILE = "trackers.json"
@@ -112,7 +113,10 @@ def resume_if_possible(config: Namespace) -> RunPlan:
         return continue_run(config, folders[0])
     if newest is not None:
         config.ckpt_path = "last"
-        return use_newest_run(config, resume=True)
+        plan = use_newest_run(config, resume=True)
+        if restarted and plan.folder is not None:
+            record_restart(plan.folder, f"torchrun restart {restart_count()}")
+        return plan
     config.ckpt_path = None
     rank_zero_only(report)("--ckpt_path auto: no checkpoint to resume, starting a new run")
     return start_new_run(config)
@@ -122,12 +126,20 @@ def start_new_run(config: Namespace) -> RunPlan:
     """A fresh fit gets its own run folder (claimed by the logger); where every run shares one, refuse to write over
     an earlier run. A requeued SLURM job (``SLURM_RESTART_COUNT`` > 0) continues the run its job started instead."""
     job, requeues = slurm_job_id(), int(os.environ.get("SLURM_RESTART_COUNT") or 0)
-    if job and requeues > 0 and (folder := job_run_folder(config, job)) is not None:
+    restarts = srun_restart_count()  # srun steps restarted within the allocation (scripts/slurm.sbatch)
+    if job and requeues + restarts > 0 and (folder := job_run_folder(config, job)) is not None:
         last = (fixed_checkpoint_folder(config) or folder / "checkpoints") / "last.ckpt"  # a file, or FSDP2's folder
         recover_interrupted_save(last)
         config.ckpt_path = str(last) if last.exists() else None
         what = f"resuming from {last}" if config.ckpt_path else "no checkpoint yet: starting over in its folder"
-        rank_zero_only(report)(f"SLURM job {job}, requeued {requeues} time(s): {what}")
+        attempt = f"requeued {requeues} time(s)" + (f", restart {restarts} in this allocation" if restarts else "")
+        rank_zero_only(report)(f"SLURM job {job}, {attempt}: {what}")
+        if restarts:
+            record_restart(folder, f"SLURM job {job}, restart {restarts} in its allocation")
+        else:  # the first step of a requeued job
+            record_restart(
+                folder, f"SLURM job {job}, requeue {requeues}", "requeued (time limit, preemption or lost node)"
+            )
         return continue_run(config, folder)
     fixed = fixed_checkpoint_folder(config)
     if fixed is not None and any(fixed.glob("*.ckpt")):

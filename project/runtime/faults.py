@@ -45,14 +45,16 @@ class FailFast:
     def __init__(self) -> None:
         self.heartbeat = Heartbeat()
 
-    def on_exception(self, trainer: Trainer, exception: BaseException) -> None:
+    def on_exception(self, trainer: Trainer, exception: BaseException) -> str:
+        """Reports the failure and stops the launched ranks; returns the cause in one line (the hung rank, if any)."""
         where = f"rank {trainer.global_rank}/{trainer.world_size} failed at step {trainer.global_step}"
-        report(f"{where}: {type(exception).__name__}: {first_line(exception)}")
+        cause = f"{where}: {type(exception).__name__}: {first_line(exception)}"
+        report(cause)
         if isinstance(exception, torch.distributed.DistError):
             report(f"rank {trainer.global_rank}: {DIST_HINT}")
-        if trainer.world_size > 1:
-            for line in self.heartbeat.suspects(trainer.world_size):
-                report(f"rank {trainer.global_rank}: {line}")
+        suspects = self.heartbeat.suspects(trainer.world_size) if trainer.world_size > 1 else []
+        for line in suspects:
+            report(f"rank {trainer.global_rank}: {line}")
         self.heartbeat.stop()
         finish_pending_save(trainer)
         launched = internals.launched_processes(trainer)
@@ -61,6 +63,7 @@ class FailFast:
         elif trainer.world_size > 1 and trainer.local_rank > 0 and self._launcher_is_gone():
             first_rank = trainer.node_rank * trainer.num_devices
             report(f"rank {first_rank}, the process that launched rank {trainer.global_rank}, is gone")
+        return f"{suspects[0]} ({cause})" if suspects else cause
 
     def _stop_launched_ranks(self, trainer: Trainer, launched: list) -> None:
         """Names the launched ranks that already ended badly, then kills the rest."""

@@ -12,6 +12,7 @@ from project.runs.loggers import drop_rows_after, record_rows
 from project.runtime import lightning_internals as internals
 from project.runtime.faults import FailFast, NonFiniteLosses, report
 from project.runtime.preemption import Interrupted, Preempted, PreemptionCheck
+from project.runtime.restarts import exit_code_for, record_outcome
 from project.runtime.throughput import flops_per_sample, peak_flops
 
 
@@ -122,5 +123,6 @@ class RunGuard(Callback):
             self.fail_fast.heartbeat.stop()
             self.preemption.stop_at_once(trainer, exception)
         else:
-            self.fail_fast.on_exception(trainer, exception)
+            cause = self.fail_fast.on_exception(trainer, exception)
+            record_outcome(exit_code_for(exception), cause)
             self.preemption.restore_interrupt_handler()

@@ -51,11 +51,8 @@ from project.runs.folders import resume_command, slurm_job_id
 from project.runtime import lightning_internals as internals
 from project.runtime.faults import finish_pending_save, report
 from project.runtime.requeue_signal import EarlyRequeueSignal
+from project.runtime.restarts import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE
 
-# 128 + SIGTERM, what shells, SLURM and Kubernetes report for a process that SIGTERM ended: schedulers and scripts
-# read "terminated before the end" (requeue, or resume with --ckpt_path last), not success (0) nor a crash (1).
-PREEMPTED_EXIT_CODE = 128 + signal.SIGTERM
-INTERRUPTED_EXIT_CODE = 128 + signal.SIGINT  # 130: what shells report for a command Ctrl-C ended
 SIGTERM_FLAG, REQUEUE_FLAG, INTERRUPT_FLAG = 1, 2, 4  # a rank's flags, summed across ranks: each writes its own slot
 # How long rank 0 waits for the ranks it launched to exit after a stop (they only tear down), before killing them.
 LAUNCHED_RANKS_EXIT_S = 30.0
