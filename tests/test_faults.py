@@ -34,19 +34,20 @@ from conftest import (
 )
 
 from project.runs.folders import resume_command
-from project.runtime.preemption import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE
+from project.runtime.restarts import DETERMINISTIC_EXIT_CODE, INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE
 
 TESTS = str(REPO / "tests")
 
 
-def fit(run_dir: Path, *extra: str, timeout: float = 120):
+def fit(run_dir: Path, *extra: str, timeout: float = 120, outcome: Path | None = None):
     """`fit` on 2 processes; returns the finished process and the seconds until every process had exited.
 
     stderr is a pipe every rank inherits, so the run returns only when the last rank has closed it.
     """
     start = time.monotonic()
     args = quick_args(run_dir, "--trainer.devices", "2", *extra)
-    result = run_project("fit", *args, cwd=REPO, env=project_env(PYTHONPATH=TESTS), timeout=timeout)
+    env = project_env(PYTHONPATH=TESTS, **({"PROJECT_EXIT_FILE": str(outcome)} if outcome else {}))
+    result = run_project("fit", *args, cwd=REPO, env=env, timeout=timeout)
     return result, time.monotonic() - start
 
 
@@ -78,8 +79,10 @@ def test_a_failed_rank_ends_every_process_quickly_and_is_named(tmp_path, rank, a
 
 
 def test_a_nan_loss_stops_training_naming_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
-    result, _ = fit(tmp_path, "--model.optimizer.init_args.lr", "1000", "--trainer.max_epochs", "3")
-    assert result.returncode != 0
+    exit_file = tmp_path / "outcome.tsv"
+    result, _ = fit(tmp_path, "--model.optimizer.init_args.lr", "1000", "--trainer.max_epochs", "3", outcome=exit_file)
+    assert result.returncode == DETERMINISTIC_EXIT_CODE == 3  # never restarted: it would fail again
+    assert {line.split("\t")[0] for line in exit_file.read_text().splitlines()} == {"3"}  # what each rank recorded
     found = re.search(r"the training loss became NaN or inf at step (\d+)", result.stderr)
     assert found, result.stderr[-3000:]
     ckpt = torch.load(last_checkpoint(tmp_path), weights_only=True)

@@ -201,3 +201,6 @@ def test_pytorchjob_runs_the_torchrun_launcher_on_every_pod():
     for variable in ("NUM_NODES=$PET_NNODES", "DEVICES=$PET_NPROC_PER_NODE", "NODE_RANK=$PET_NODE_RANK"):
         assert variable in command
     assert job["spec"]["nprocPerNode"] == str(container["resources"]["limits"]["nvidia.com/gpu"])
+    # Pods restart on a retryable exit code only (a signal: evicted, preempted, killed), never on a refusal (2), the
+    # NaN guard (3), or torchrun's own restarts spent (1): docs/fault-tolerance.md.
+    assert {spec["restartPolicy"] for spec in replicas.values()} == {"ExitCode"}

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import optuna
@@ -257,7 +258,7 @@ def saved_step(run_dir: Path) -> int:
 
 
 def wait_for_step(run_dir: Path, step: int, timeout: float = 120) -> float:
-    """Waits until the run has saved STEP or a later one; returns when it did (time.monotonic)."""
+    """Waits until the run has saved STEP or a later one; returns when it did (``time.monotonic()``)."""
     deadline = time.monotonic() + timeout
     while saved_step(run_dir) < step:
         assert time.monotonic() < deadline, f"the run never saved step {step} (at {saved_step(run_dir)})"
@@ -282,27 +283,39 @@ def test_a_job_hit_by_every_fault_heals_itself_and_ends_as_the_uninterrupted_one
     # A stop every 9 steps of an attempt: never at an epoch's last step here (see the report on such resumes).
     fit += ("--guard.preemption_check_every_n_steps", "9")
     fit += ("--trainer.strategy.init_args.timeout", "0:00:10")
-    started = time.monotonic()
+    started, recovered = time.monotonic(), {}
+
+    def hit(fault: str, at_step: int, action: Callable[[], None]) -> None:
+        """ACTION once the run has saved AT_STEP; then the seconds until it saves a later step (its first training
+        steps after the recovery, plus at most one epoch of 10 steps)."""
+        wait_for_step(run_dir, at_step)
+        saved, fault_at = saved_step(run_dir), time.monotonic()
+        action()
+        recovered[fault] = wait_for_step(run_dir, saved + 1, timeout=180) - fault_at
+
     job = submit(tmp_path, run_dir, "--requeue", fit=fit)
-    wait_for_step(run_dir, 40)
-    os.kill(task_pid(job, 1), signal.SIGKILL)
-    wait_for_step(run_dir, 100)
-    os.kill(task_pid(job, 1), signal.SIGSTOP)
-    wait_for_step(run_dir, 160)
-    subprocess.run(["scancel", "--signal=USR1", job], check=True)
-    release_when_requeued(job, restarts=1)
-    wait_for_step(run_dir, 240)
-    set_node("node2", "DOWN")
-    try:
-        deadline = time.monotonic() + 60
-        while (job_state(job) or {}).get("restarts", 0) < 2:
-            assert time.monotonic() < deadline, job_state(job)
-            time.sleep(0.3)
-    finally:
-        set_node("node2", "RESUME")
-    release_when_requeued(job, restarts=2)
+    hit("SIGKILL of rank 1", 40, lambda: os.kill(task_pid(job, 1), signal.SIGKILL))
+    hit("SIGSTOP of rank 1", 100, lambda: os.kill(task_pid(job, 1), signal.SIGSTOP))
+
+    def time_limit_signal() -> None:
+        subprocess.run(["scancel", "--signal=USR1", job], check=True)
+        release_when_requeued(job, restarts=1)
+
+    def node_down_and_back() -> None:
+        set_node("node2", "DOWN")
+        try:
+            deadline = time.monotonic() + 60
+            while (job_state(job) or {}).get("restarts", 0) < 2:
+                assert time.monotonic() < deadline, job_state(job)
+                time.sleep(0.3)
+        finally:
+            set_node("node2", "RESUME")
+        release_when_requeued(job, restarts=2)
+
+    hit("time-limit signal", 160, time_limit_signal)
+    hit("node2 down, then back", 240, node_down_and_back)
     state, text = finished(job, tmp_path)
-    print(f"chaos job: {time.monotonic() - started:.1f} s")
+    print(f"chaos job: {time.monotonic() - started:.1f} s; fault to the next checkpoint after recovery: {recovered}")
     assert (state["state"], state["exit_code"]) == ("COMPLETED", 0), f"{state}\n{text[-4000:]}"
     assert "[slurm.sbatch] restart 1 of 3 in this allocation: " in text
     assert "[slurm.sbatch] restart 2 of 3 in this allocation: rank 1 stopped: its last heartbeat" in text
