@@ -43,6 +43,7 @@ def _refused(capsys, run_dir, *args: str) -> str:
         (["--trainer.devices", "-2"], "should be an int > 0"),
         (["--trainer.num_nodes", "0"], "`num_nodes` must be a positive integer"),
         (["--data.init_args.batch_size", "0"], "batch_size must be >= 1"),
+        (["--checkpoint.train_time_interval", "abc"], 'Parser key "checkpoint.train_time_interval"'),
     ],
 )
 def test_bad_config_is_refused(capsys, tmp_path, flags, message):
