@@ -220,13 +220,13 @@ def job_processes(job_id: str) -> list[int]:
     return pids
 
 
-def release_when_requeued(job_id: str, restarts: int = 1, timeout: float = 180) -> float:
+def release_when_requeued(job_id: str, restarts: int = 1, timeout: float = 180, *updates: str) -> float:
     """Once the requeued job waits (PENDING, reason BeginTime: about 2 minutes) and its previous run's steps are gone
     from every node, lets it start now; returns the seconds from the call to the release.
 
     Released while the nodes still clean up the previous run, the job was killed as "non-startable: Job credential
     revoked" and ended FAILED (PITFALLS.md, 29): the steps' processes must be gone first, then the controller must
-    show no step of the job."""
+    show no step of the job. UPDATES (``TimeLimit=5``, ...) are made in the same ``scontrol update``."""
     start, deadline = time.monotonic(), time.monotonic() + timeout
     while time.monotonic() < deadline:
         state = job_state(job_id)
@@ -237,7 +237,7 @@ def release_when_requeued(job_id: str, restarts: int = 1, timeout: float = 180) 
             and not job_processes(job_id)
             and not _run("squeue", "-h", "-s", "-j", str(job_id)).stdout.strip()
         ):
-            _run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
+            _run("scontrol", "update", f"JobId={job_id}", "StartTime=now", *updates)
             return time.monotonic() - start
         time.sleep(0.3)
     pytest.fail(f"job {job_id} was not requeued within {timeout:.0f} s: {job_state(job_id)}")

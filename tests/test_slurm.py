@@ -127,7 +127,9 @@ def test_a_job_that_reaches_its_time_limit_is_requeued_and_loses_nothing(referen
     rank stops at the next agreed step, rank 0 saves last.ckpt and requeues the job, which resumes its own run."""
     run_dir = tmp_path / "run"
     job = submit(tmp_path, run_dir, "--time=1", "--signal=USR1@30", fit=slow(0.1))
-    release_when_requeued(job)
+    # One requeue is the test: the resumed run gets the time to finish, whatever the machine's load (a second time-limit
+    # signal would stop it again, at the scheduler's whim).
+    release_when_requeued(job, 1, 180, "TimeLimit=5")
     state, text = finished(job, tmp_path)
     assert (state["state"], state["exit_code"]) == ("COMPLETED", 0), f"{state}\n{text[-4000:]}"
     assert state["restarts"] >= 1
