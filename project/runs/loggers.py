@@ -1,4 +1,4 @@
-"""Loggers: Lightning's, with three fixes: a resumed run keeps its history, without the rows logged after its
+"""Loggers: Lightning's, with fixes: a resumed run keeps its history, without the rows logged after its
 checkpoint; runs that start together get their own folders."""
 
 from pathlib import Path
