@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch import Trainer
 
-from project.runtime import lightning_internals as internals
+from project import lightning_internals as internals
 
 # The process that started this one: for a rank that Lightning's launcher re-ran, rank 0 (launcher.py sets it in a
 # forked rank). Recorded at import, before a failure to join the process group can come.

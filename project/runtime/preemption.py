@@ -47,10 +47,11 @@ import torch.distributed as dist
 from lightning.fabric.plugins.environments import LightningEnvironment
 from lightning.pytorch import Trainer
 
+from project import lightning_internals as internals
 from project.runs.folders import resume_command, slurm_job_id
-from project.runtime import lightning_internals as internals
 from project.runtime.faults import finish_pending_save, report
 from project.runtime.requeue_signal import EarlyRequeueSignal
+from project.runtime.strategy import process_group_timeout
 
 # 128 + SIGTERM, what shells, SLURM and Kubernetes report for a process that SIGTERM ended: schedulers and scripts
 # read "terminated before the end" (requeue, or resume with --ckpt_path last), not success (0) nor a crash (1).
@@ -107,7 +108,7 @@ class PreemptionCheck:
             self.signalled, EarlyRequeueSignal.received = REQUEUE_FLAG, False
         if trainer.world_size > 1:  # every rank creates the group, as new_group requires
             gloo = dist.get_backend() == dist.Backend.GLOO
-            timeout = internals.process_group_timeout(trainer.strategy)
+            timeout = process_group_timeout(trainer.strategy)
             self._group = dist.group.WORLD if gloo else dist.new_group(backend=dist.Backend.GLOO, timeout=timeout)
 
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:

@@ -14,14 +14,18 @@ from typing import Any
 
 import torch.distributed as dist
 from lightning.pytorch import strategies
+from torch.distributed.constants import default_pg_timeout
 
 from project.runs.checkpointing import is_sharded, load_sharded_as_full
-from project.runtime import lightning_internals as internals
 
 
 class DDPStrategy(strategies.DDPStrategy):
     """Lightning's ``DDPStrategy``; a world of one process trains without the ``DistributedDataParallel`` wrapper, and
     a sharded (FSDP2) checkpoint loads too, gathered whole in each process's memory."""
+
+    def __init__(self, *args: Any, timeout: timedelta | None = default_pg_timeout, **kwargs: Any) -> None:
+        super().__init__(*args, timeout=timeout, **kwargs)
+        self.timeout = timeout  # how long a rank waits for its peers: process_group_timeout reads it
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
         if is_sharded(checkpoint_path):
@@ -35,10 +39,26 @@ class DDPStrategy(strategies.DDPStrategy):
     def setup_distributed(self) -> None:
         """Under torchrun, joins the process group through a key space of this attempt's own (see ``attempt_store``);
         Lightning's setup then finds the group ready. Elsewhere, Lightning's setup as it is."""
-        store = attempt_store(internals.process_group_timeout(self))
+        store = attempt_store(process_group_timeout(self))
         if store is not None:
-            internals.join_process_group(self, store)
+            self.set_world_ranks()
+            backend = self.process_group_backend or ("nccl" if self.root_device.type == "cuda" else "gloo")
+            environment = self.cluster_environment
+            dist.init_process_group(
+                backend,
+                store=store,
+                rank=environment.global_rank(),
+                world_size=environment.world_size(),
+                timeout=process_group_timeout(self),
+                device_id=self.root_device if self.root_device.type != "cpu" else None,  # as Lightning passes it
+            )
         super().setup_distributed()
+
+
+def process_group_timeout(strategy: Any) -> timedelta:
+    """How long a rank waits for its peers: the template's strategies keep their ``timeout`` argument; torch's
+    default for any other."""
+    return getattr(strategy, "timeout", None) or default_pg_timeout
 
 
 def attempt_store(timeout: timedelta) -> dist.Store | None:
