@@ -33,7 +33,7 @@ from lightning.fabric.plugins.environments import (
 from lightning.fabric.plugins.environments.lightning import find_free_network_port
 
 from project import lightning_internals as internals
-from project.runtime.faults import first_line
+from project.messages import first_line
 
 DEBUG_SWITCH = "PROJECT_DIST_DEBUG"
 DEBUG_SETTINGS = {"NCCL_DEBUG": "INFO", "TORCH_DISTRIBUTED_DEBUG": "DETAIL"}

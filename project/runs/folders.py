@@ -24,8 +24,8 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.utilities import rank_zero_only
 
+from project.messages import report
 from project.runs.checkpointing import checkpoint_meta, recover_interrupted_save
-from project.runtime.faults import report
 
 RUN_FOLDER = re.compile(r"version_(\d+)")
 TRACKERS_FILE = "trackers.json"
