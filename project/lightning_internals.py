@@ -161,6 +161,10 @@ def has(part: Part) -> bool:
     return part not in missing_parts()
 
 
+def gone(part: Part) -> list[str]:
+    return [path for path in part.names if not found(path)]
+
+
 class LightningMismatch(RuntimeError):
     """The installed Lightning lacks a private part that a correctness feature relies on."""
 
@@ -169,15 +173,14 @@ def check() -> None:
     """At start-up: fails when a correctness part is gone; warns once per speed part that is gone (falls back)."""
     missing = missing_parts()
     if broken := [part for part in missing if part.correctness]:
-        lines = "\n".join(f"  - {part.name}: needs {', '.join(part.names)}" for part in broken)
+        lines = "\n".join(f"  - {part.name}: needs {', '.join(gone(part))}" for part in broken)
         raise LightningMismatch(
             f"lightning {lightning.__version__} lacks private parts the template relies on for correctness:\n{lines}\n"
             "Install the Lightning range pinned in pyproject.toml, or mend project/lightning_internals.py."
         )
     for part in missing:
-        gone = [path for path in part.names if not found(path)]
         warnings.warn(
-            f"lightning {lightning.__version__} lacks {', '.join(gone)}: {part.name} is off, Lightning's own"
+            f"lightning {lightning.__version__} lacks {', '.join(gone(part))}: {part.name} is off, Lightning's own"
             " behaviour is used (mend project/lightning_internals.py)",
             stacklevel=2,
         )
