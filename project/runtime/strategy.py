@@ -7,6 +7,7 @@ every step when alone, which slows a small CPU step markedly (docs/performance.m
 group of one), so everything that expects one works the same whatever the world size.
 """
 
+import logging
 import os
 from datetime import timedelta
 from pathlib import Path
@@ -17,6 +18,8 @@ from lightning.pytorch import strategies
 from torch.distributed.constants import default_pg_timeout
 
 from project.runs.checkpointing import is_sharded, load_sharded_as_full
+
+LIGHTNING_LOG = logging.getLogger("lightning.fabric")  # Lightning's console channel, where it reports joining
 
 
 class DDPStrategy(strategies.DDPStrategy):
@@ -41,18 +44,22 @@ class DDPStrategy(strategies.DDPStrategy):
         Lightning's setup then finds the group ready. Elsewhere, Lightning's setup as it is."""
         store = attempt_store(process_group_timeout(self))
         if store is not None:
-            self.set_world_ranks()
-            backend = self.process_group_backend or ("nccl" if self.root_device.type == "cuda" else "gloo")
-            environment = self.cluster_environment
-            dist.init_process_group(
-                backend,
-                store=store,
-                rank=environment.global_rank(),
-                world_size=environment.world_size(),
-                timeout=process_group_timeout(self),
-                device_id=self.root_device if self.root_device.type != "cpu" else None,  # as Lightning passes it
-            )
+            self.join_through(store)
         super().setup_distributed()
+
+    def join_through(self, store: dist.Store) -> None:
+        """Initialises the process group through STORE as Lightning's setup would, and says so in its words."""
+        self.set_world_ranks()
+        rank, world_size = self.cluster_environment.global_rank(), self.cluster_environment.world_size()
+        LIGHTNING_LOG.info(f"Initializing distributed: GLOBAL_RANK: {rank}, MEMBER: {rank + 1}/{world_size}")
+        dist.init_process_group(
+            self.process_group_backend or ("nccl" if self.root_device.type == "cuda" else "gloo"),
+            store=store,
+            rank=rank,
+            world_size=world_size,
+            timeout=process_group_timeout(self),
+            device_id=self.root_device if self.root_device.type != "cpu" else None,  # as Lightning passes it
+        )
 
 
 def process_group_timeout(strategy: Any) -> timedelta:
