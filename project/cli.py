@@ -17,15 +17,16 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.strategies import ParallelStrategy
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
+from project import lightning_internals as internals
 from project.data import BaseDataModule
 from project.errors import ProjectArgumentParser, constructor_error
+from project.messages import first_line
 from project.module import ClassificationModule
 from project.runs import folders
 from project.runs.checkpointing import AtomicCheckpointIO, CheckpointError, check_checkpoint
 from project.runs.outputs import PredictionsWriter, ProgressBar, TestMetricsWriter
-from project.runtime import lightning_internals as internals
-from project.runtime.faults import first_line
 from project.runtime.guard import RunGuard
+from project.runtime.known_noise import silence_known_noise
 from project.runtime.launcher import ForkLauncher, one_thread
 
 PROGRESS_BAR_REFRESH_RATE = 2  # batches between redraws: the bar's thread competes with training for the GIL
@@ -128,13 +129,11 @@ class ProjectCLI(LightningCLI):
             check_backend(backend, on_gpu=isinstance(self.trainer.accelerator, CUDAAccelerator))
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
-        """Adds what every run needs, whatever the config's callbacks: forked local CPU ranks, no per-hook profiler
-        context without a profiler, crash-safe checkpoints, the progress bar (unless the config gives its own),
-        ``RunGuard`` (the ``guard`` key) and, for fit with a logger, a learning-rate monitor; test and predict write
-        their files."""
+        """Adds what every run needs, whatever the config's callbacks: forked local CPU ranks, crash-safe
+        checkpoints, the progress bar (unless the config gives its own), ``RunGuard`` (the ``guard`` key)
+        and, for fit with a logger, a learning-rate monitor; test and predict write their files."""
         trainer = super().instantiate_trainer(**kwargs)
         internals.install_fork_launcher(trainer, ForkLauncher)
-        internals.install_no_profiler(trainer)
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # the default: not one chosen in the config
             trainer.strategy.checkpoint_io = AtomicCheckpointIO()
         bar = trainer.progress_bar_callback
@@ -176,13 +175,16 @@ def check_backend(backend: str, on_gpu: bool) -> None:
             raise ValueError(f"process_group_backend {name!r} is not available in this torch build")
 
 
-def build_cli(args: list[str] | None = None, run: bool = True, prog: str | None = None) -> ProjectCLI:
+def build_cli(
+    args: list[str] | None = None, run: bool = True, prog: str | None = None, epilog: str | None = None
+) -> ProjectCLI:
     """The CLI that ``python -m project`` runs, with ARGS as its command line.
 
-    ``run=False`` builds the Trainer, model and data without running a subcommand (scripts/step_cost.py).
+    ``run=False`` builds the Trainer, model and data without running a subcommand (scripts/step_cost.py). EPILOG
+    ends the top-level help (``__main__`` lists its other commands there).
     """
     internals.check()
-    internals.silence_known_noise()
+    silence_known_noise()
     return ProjectCLI(
         ClassificationModule,
         BaseDataModule,
@@ -192,7 +194,7 @@ def build_cli(args: list[str] | None = None, run: bool = True, prog: str | None 
         trainer_defaults={"use_distributed_sampler": False},
         save_config_callback=folders.RunRecord,
         save_config_kwargs={"overwrite": False},
-        parser_kwargs={"prog": prog or "python -m project"},
+        parser_kwargs={"prog": prog or "python -m project", "epilog": epilog},
         args=args,
         run=run,
     )

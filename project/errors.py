@@ -67,7 +67,7 @@ def explain(message: str, parser: ArgumentParser, command: str) -> str:
 
 
 def unknown_key(key: str, valid: list[str], listing: str) -> str:
-    close = get_close_matches(key, valid, n=1, cutoff=0.6)
+    close = get_close_matches(key, [name for name in valid if name != key], n=1, cutoff=0.6)  # help text names it
     meant = f"; did you mean {close[0]}?" if close else ""
     return f"unknown key {key}{meant} ({listing} lists them)"
 

@@ -3,12 +3,11 @@
     python scripts/step_cost.py --steps 1100 --repeats 7
 
 Alternately, in this one process and on one thread, on the digits MLP with in-memory batches (scripts/benchmark.py's
-``cpu-in-memory-1p`` row): ``bare``, the bare Lightning Trainer (scripts/bare_lightning.py); ``bare+cuts``, the same
-with the template's cuts of Lightning's own call overhead (project/overhead.py: no-op hooks skipped, no profiler
-context per call); and ``template``, the Trainer, module, data and callbacks ``python -m project fit`` builds (its
-CLI, with the benchmark's flags). Each side's figure is the median time between two steps' starts after 100 warm-up
-steps (a median, so a shared machine's one-off stalls do not count), and the sides' medians over ``--repeats``.
-``template`` minus ``bare+cuts`` is what the template's own work costs a step.
+``cpu-in-memory-1p`` row): ``bare``, the bare Lightning Trainer (scripts/bare_lightning.py), and ``template``, the
+Trainer, module, data and callbacks ``python -m project fit`` builds (its CLI, with the benchmark's flags). Each
+side's figure is the median time between two steps' starts after 100 warm-up steps (a median, so a shared machine's
+one-off stalls do not count), and the sides' medians over ``--repeats``. ``template`` minus ``bare`` is what the
+template's own work costs a step.
 """
 
 import argparse
@@ -25,24 +24,17 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from plain_ddp import parse_args as plain_args
 
 from project.cli import build_cli
-from project.runtime.lightning_internals import NoProfiler, skip_noop_hooks
 
 WARM_UP_STEPS = 100
-SIDES = ("bare", "bare+cuts", "template")
+SIDES = ("bare", "template")
 
 
 class StepStarts(Callback):
-    """The median time between two steps' starts, after the warm-up; with ``cuts``, the template's overhead cuts."""
+    """The median time between two steps' starts, after the warm-up."""
 
-    def __init__(self, cuts: bool = False) -> None:
-        self.cuts = cuts
+    def __init__(self) -> None:
         self.starts: list[float] = []
         self.median_s = 0.0
-
-    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        if self.cuts:
-            trainer.profiler = NoProfiler()
-            skip_noop_hooks(trainer)
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: object, batch_idx: int) -> None:
         if trainer.global_step >= WARM_UP_STEPS:
@@ -54,7 +46,7 @@ class StepStarts(Callback):
 
 def run(side: str, steps: int, workdir: Path) -> float:
     """One fit of SIDE; its median step in seconds."""
-    timer = StepStarts(cuts=side == "bare+cuts")
+    timer = StepStarts()
     if side == "template":
         ((command, _),) = launches("template", Config("cpu", "in-memory", 1, 64, steps), workdir)
         args = [arg for arg in command[4:] if not arg.startswith("--trainer.callbacks")]  # after "-m project fit"
@@ -84,8 +76,7 @@ def main() -> None:
         singles = ", ".join(f"{seconds * 1e6:.0f}" for seconds in runs[side])
         ratio = medians["bare"] / medians[side]
         print(f"{side:<10} {medians[side]:7.1f} us/step  x{ratio:.3f} bare steps/s  (runs: {singles})")
-    print(f"Lightning's call overhead cut by the template: {medians['bare'] - medians['bare+cuts']:.1f} us/step")
-    print(f"the template's own work: {medians['template'] - medians['bare+cuts']:.1f} us/step")
+    print(f"the template's own work: {medians['template'] - medians['bare']:.1f} us/step")
 
 
 if __name__ == "__main__":

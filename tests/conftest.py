@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from warm_start import WarmRun, WarmServer
 
-from project.runtime.lightning_internals import silence_known_noise
+from project.runtime.known_noise import silence_known_noise
 
 silence_known_noise()  # as every command does (project/__main__.py)
 

@@ -9,7 +9,7 @@ import pytest
 from conftest import REPO, finish, free_port, project_env, run_project, start_python
 from fake_cluster import slurm_allocation
 
-from project.runtime.doctor import parse_size
+from project.commands.doctor import parse_size
 
 SMALL = ("--sizes", "4K", "1M", "--iters", "5", "--warmup", "1", "--timeout", "30")
 

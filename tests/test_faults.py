@@ -34,7 +34,7 @@ from conftest import (
 )
 
 from project.runs.folders import resume_command
-from project.runtime.restarts import DETERMINISTIC_EXIT_CODE, INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE
+from project.runs.restarts import DETERMINISTIC_EXIT_CODE, INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE
 
 TESTS = str(REPO / "tests")
 

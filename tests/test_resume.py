@@ -51,7 +51,7 @@ pytest.importorskip("torchvision")
 sys.path.insert(0, str(REPO / "scripts"))
 from write_digit_images import write_digit_images  # noqa: E402
 
-from project.runtime.lightning_internals import resume_point  # noqa: E402
+from project.lightning_internals import resume_point  # noqa: E402
 
 EPOCHS = 3
 # Every rank draws from its RNG states each step (dropout); the learning rate changes each step.

@@ -59,7 +59,8 @@ def test_lightning_cli_optimizer_flags_are_unknown_keys(monkeypatch, capsys, tmp
             ["fit", "--config", str(DIGITS_CONFIG), "--trainer.default_root_dir", str(tmp_path / "run"), flag, "AdamW"]
         )
     assert exit_info.value.code == 2
-    assert f"unrecognized arguments: {flag} AdamW" in capsys.readouterr().err
+    error = capsys.readouterr().err
+    assert f"unknown key {flag[2:]}" in error and f"did you mean {flag[2:]}?" not in error
     assert not (tmp_path / "run").exists()
 
 

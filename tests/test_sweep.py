@@ -32,14 +32,14 @@ def run_trial(command: list[str]) -> subprocess.CompletedProcess:
 
 def sweep(tmp_path: Path, *args: str, space: dict = SPACE, fit: tuple = ()) -> int:
     """`python -m project sweep ARGS` in this process; its trials are real `fit` processes."""
-    from project.runs.sweep import main
+    from project.commands.sweep import main
 
     (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
     command = ["--space", str(tmp_path / "space.yaml"), *args, "--storage", f"sqlite:///{tmp_path}/sweep.db"]
     try:
         with pytest.MonkeyPatch.context() as patch:
             # the sweep's own name only
-            patch.setattr("project.runs.sweep.subprocess", SimpleNamespace(run=run_trial))
+            patch.setattr("project.commands.sweep.subprocess", SimpleNamespace(run=run_trial))
             return main([*command, "--root", str(tmp_path / "runs"), "--", *FIT, *fit])
     except SystemExit as exit_info:
         return exit_info.code

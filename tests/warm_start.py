@@ -5,7 +5,7 @@ and torchvision (about 8 s on a 2-core machine) before its first line of ours; o
 most of the suite's time. Here one server process imports the project once, and each run is a child forked
 from it: a real, separate process that sets its working folder, environment, arguments and output files,
 then runs ``-m project ARGS`` (or ``-c CODE``) the way ``python`` runs it, and exits the way Python exits.
-Its local ranks are forked in turn (project/launcher.py). What only a fresh interpreter shows (the console
+Its local ranks are forked in turn (project/runtime/launcher.py). What only a fresh interpreter shows (the console
 command, the program name, the launchers' own scripts) stays tested with real ``python -m project`` runs.
 
 Protocol, one JSON line each way: ``{"start": {argv, cwd, env, stdout, stderr}}`` -> ``{"pid"}``;

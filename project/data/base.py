@@ -23,7 +23,7 @@ from torch.utils.data import Dataset, DistributedSampler, Sampler, Subset, Tenso
 from project.data.loaders import ResumableDataLoader, TensorBatchLoader
 from project.data.samplers import ExactDistributedSampler, SeededSampler
 from project.data.transforms import Transformed, augments, compose
-from project.runtime.lightning_internals import resume_point
+from project.lightning_internals import resume_point
 
 SPLITS = ("train", "val", "test")
 

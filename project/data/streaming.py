@@ -13,7 +13,7 @@ from torch.utils.data import Dataset
 
 from project.data.base import BaseDataModule
 from project.data.transforms import presets
-from project.runtime.lightning_internals import resume_point
+from project.lightning_internals import resume_point
 
 SCHEMA_FILE = "dataset.json"  # written by scripts/make_shards.py beside the splits: class names, sample counts
 ITEM_KEYS = ["image", "label"]

@@ -4,6 +4,5 @@ they are checkpointed.
 - ``folders.py``: one folder per run, ``--ckpt_path last|best|auto``, the saved config and tracker ids;
 - ``checkpointing.py``: atomic, weights-only checkpoints with every rank's RNG states;
 - ``loggers.py``: Lightning's CSV logger, appending when a run resumes; ``outputs.py``: the progress bar, test
-  metrics and predictions files;
-- ``sweep.py``: ``python -m project sweep``, Optuna trials that are real fits.
+  metrics and predictions files.
 """

@@ -28,7 +28,7 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
 
-from project.runtime.faults import first_line
+from project.messages import first_line
 
 METADATA_FILE = "meta.pt"  # beside a sharded checkpoint's shards: what is not a tensor shard (Lightning's name)
 

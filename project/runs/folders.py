@@ -24,9 +24,9 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.utilities import rank_zero_only
 
+from project.messages import report
 from project.runs.checkpointing import checkpoint_meta, recover_interrupted_save
-from project.runtime.faults import report
-from project.runtime.restarts import record_restart, srun_restart_count
+from project.runs.restarts import record_restart, srun_restart_count
 
 RUN_FOLDER = re.compile(r"version_(\d+)")
 TRACKERS_FILE = "trackers.json"
@@ -155,7 +155,7 @@ def claim_run_folder(root: Path) -> int:
     that start at the same moment into one ``default_root_dir`` (a job array, two jobs), each gets its own. Lightning's
     logger would pick one above the highest it lists, and two starts could pick the same (#11418, won't fix)."""
     root.mkdir(parents=True, exist_ok=True)
-    version = max((int(m.group(1)) for p in root.iterdir() if (m := RUN_FOLDER.fullmatch(p.name))), default=-1) + 1
+    version = next_run_number(root)
     while True:
         try:
             (root / f"version_{version}").mkdir()
@@ -163,6 +163,12 @@ def claim_run_folder(root: Path) -> int:
             version += 1
             continue
         return version
+
+
+def next_run_number(root: Path) -> int:
+    """One above the highest ``version_N`` under ROOT (0 when there is none)."""
+    numbers = (int(m.group(1)) for p in root.iterdir() if (m := RUN_FOLDER.fullmatch(p.name))) if root.is_dir() else ()
+    return max(numbers, default=-1) + 1
 
 
 def slurm_job_id() -> str | None:

@@ -7,6 +7,5 @@ supervised, not to change what it trains.
 - ``preemption.py``: on SIGTERM or SLURM's requeue signal every rank stops at the same step and saves (and the job
   is requeued); ``requeue_signal.py``: that signal caught from the first line; ``faults.py``: failures named, peers
   stopped, NaN caught; ``throughput.py``: FLOPs and MFU;
-- ``doctor.py``: ``python -m project doctor``, the distributed setup checked;
-- ``lightning_internals.py``: every use of Lightning's private API, checked at start-up.
+- ``known_noise.py``: third-party warnings silenced by message, for the versions known to emit them.
 """

@@ -21,7 +21,8 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch import Trainer
 
-from project.runtime import lightning_internals as internals
+from project import lightning_internals as internals
+from project.messages import first_line, report
 
 # The process that started this one: for a rank that Lightning's launcher re-ran, rank 0 (launcher.py sets it in a
 # forked rank). Recorded at import, before a failure to join the process group can come.
@@ -225,15 +226,6 @@ class NonFiniteLosses:
             raise FloatingPointError(
                 f"non-finite weights at step {trainer.global_step} ({', '.join(bad[:3])}): not saving a checkpoint"
             )
-
-
-def report(message: str) -> None:
-    print(f"[project] {message}", file=sys.stderr, flush=True)
-
-
-def first_line(error: BaseException) -> str:
-    lines = str(error).strip().splitlines()
-    return lines[0] if lines else ""
 
 
 def wait_until(condition: Callable[[], bool], timeout: float = 2.0) -> bool:

@@ -9,10 +9,10 @@ from lightning.pytorch.trainer.states import TrainerFn
 
 from project.runs.checkpointing import gather_rng_states, restore_rng_states
 from project.runs.loggers import drop_rows_after, record_rows
-from project.runtime import lightning_internals as internals
+from project.runs.restarts import exit_code_for, record_outcome
 from project.runtime.faults import FailFast, NonFiniteLosses, report
 from project.runtime.preemption import Interrupted, Preempted, PreemptionCheck
-from project.runtime.restarts import exit_code_for, record_outcome
+from project.runtime.strategy import process_group_timeout
 from project.runtime.throughput import flops_per_sample, peak_flops
 
 
@@ -49,13 +49,12 @@ class RunGuard(Callback):
         self._peak_flops: float | None = None
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        internals.skip_noop_hooks(trainer)  # the final callback list: the model's own callbacks are in it by now
         if stage == "fit":
             self.preemption.install(trainer)
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._flops_per_sample, self._peak_flops = None, peak_flops(trainer)
-        self.fail_fast.heartbeat.start(trainer, internals.process_group_timeout(trainer.strategy))
+        self.fail_fast.heartbeat.start(trainer, process_group_timeout(trainer.strategy))
         self.on_train_epoch_start(trainer, pl_module)  # a mid-epoch resume skips on_train_epoch_start
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:

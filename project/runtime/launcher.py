@@ -24,8 +24,8 @@ from typing import Any
 import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
+from project import lightning_internals as internals
 from project.runtime import faults
-from project.runtime import lightning_internals as internals
 
 
 class ForkedRank:

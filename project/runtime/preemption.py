@@ -47,11 +47,12 @@ import torch.distributed as dist
 from lightning.fabric.plugins.environments import LightningEnvironment
 from lightning.pytorch import Trainer
 
+from project import lightning_internals as internals
 from project.runs.folders import resume_command, slurm_job_id
-from project.runtime import lightning_internals as internals
+from project.runs.restarts import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE
 from project.runtime.faults import finish_pending_save, report
 from project.runtime.requeue_signal import EarlyRequeueSignal
-from project.runtime.restarts import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE
+from project.runtime.strategy import process_group_timeout
 
 SIGTERM_FLAG, REQUEUE_FLAG, INTERRUPT_FLAG = 1, 2, 4  # a rank's flags, summed across ranks: each writes its own slot
 # How long rank 0 waits for the ranks it launched to exit after a stop (they only tear down), before killing them.
@@ -104,7 +105,7 @@ class PreemptionCheck:
             self.signalled, EarlyRequeueSignal.received = REQUEUE_FLAG, False
         if trainer.world_size > 1:  # every rank creates the group, as new_group requires
             gloo = dist.get_backend() == dist.Backend.GLOO
-            timeout = internals.process_group_timeout(trainer.strategy)
+            timeout = process_group_timeout(trainer.strategy)
             self._group = dist.group.WORLD if gloo else dist.new_group(backend=dist.Backend.GLOO, timeout=timeout)
 
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:

@@ -25,8 +25,8 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.constants import default_pg_timeout
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+from project import lightning_internals as internals
 from project.runs.checkpointing import METADATA_FILE, check_sharded, fsync_folder, is_sharded, remove
-from project.runtime import lightning_internals as internals
 
 
 class FSDP2Strategy(ModelParallelStrategy):
@@ -70,6 +70,7 @@ class FSDP2Strategy(ModelParallelStrategy):
         self.param_dtype = param_dtype
         self.async_save = async_save
         self.tensor_parallel_size = tensor_parallel_size
+        self.timeout = timeout  # process_group_timeout reads it
         self._save_group: dist.ProcessGroup | None = None
         self._pending: tuple[Future, Path, Path] | None = None
 
@@ -78,7 +79,7 @@ class FSDP2Strategy(ModelParallelStrategy):
         super().setup_environment()
         if self.async_save and self.world_size > 1:
             # Its own gloo group: a background save's collectives must not pair with training's (a shared one hung).
-            self._save_group = dist.new_group(backend="gloo", timeout=internals.process_group_timeout(self))
+            self._save_group = dist.new_group(backend="gloo", timeout=self.timeout)
 
     def shard(self, network: nn.Module) -> None:
         """Makes each module of the policy's classes, then the network, a shard unit on the data-parallel mesh. Once:

@@ -13,7 +13,8 @@ from torch import Tensor, nn
 from torch.func import functional_call
 from torch.utils.flop_counter import FlopCounterMode
 
-from project.runtime import lightning_internals as internals
+# The dtype each precision setting computes in, by its first part ("bf16-mixed", "16-true", "32", ...).
+COMPUTE_DTYPES = {"bf16": torch.bfloat16, "16": torch.float16, "32": torch.float32, "64": torch.float64}
 
 
 def flops_per_sample(network: nn.Module, inputs: Tensor) -> int | None:
@@ -35,7 +36,7 @@ def flops_per_sample(network: nn.Module, inputs: Tensor) -> int | None:
 def peak_flops(trainer: Trainer) -> float | None:
     """The device's theoretical peak FLOPs/s at the run's compute dtype; None on CPUs and on GPUs Lightning does
     not know."""
-    device, dtype = trainer.strategy.root_device, internals.compute_dtype(trainer)
+    device, dtype = trainer.strategy.root_device, COMPUTE_DTYPES.get(str(trainer.precision).split("-")[0])
     if device.type != "cuda" or dtype is None:
         return None
     return get_available_flops(device, dtype)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from lightning.pytorch.utilities import rank_zero_only
 
-from project.runtime.faults import first_line, report
+from project.messages import first_line, report
 
 REFUSED_EXIT_CODE = 2  # argparse's and jsonargparse's code for a refused command line
 DETERMINISTIC_EXIT_CODE = 3

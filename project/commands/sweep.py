@@ -43,16 +43,17 @@ class OptunaPruning(Callback):
         if trainer.is_global_zero:
             import optuna
 
-            study = optuna.load_study(study_name=self.study_name, storage=self.storage)
-            # Optuna has no public way to reattach to a trial from another process: its storage API it is.
-            trial_id = study._storage.get_trial_id_from_study_id_trial_number(study._study_id, self.trial_number)
+            # The trial, reattached from this process through Optuna's public storage API.
+            storage = optuna.storages.get_storage(self.storage)
+            study_id = storage.get_study_id_from_name(self.study_name)
+            trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, self.trial_number)
+            trial = optuna.Trial(optuna.load_study(study_name=self.study_name, storage=storage), trial_id)
             value = float(trainer.callback_metrics[OBJECTIVE])
-            study._storage.set_trial_intermediate_value(trial_id, trainer.current_epoch, value)
-            study._storage.set_trial_user_attr(trial_id, OBJECTIVE, value)
-            frozen = study._storage.get_trial(trial_id)
-            prune = study.pruner.prune(study, frozen)
+            trial.report(value, trainer.current_epoch)
+            trial.set_user_attr(OBJECTIVE, value)
+            prune = trial.should_prune()
             if prune:
-                study._storage.set_trial_user_attr(trial_id, "pruned_at_epoch", trainer.current_epoch)
+                trial.set_user_attr("pruned_at_epoch", trainer.current_epoch)
         if trainer.strategy.broadcast(prune):
             trainer.should_stop = True
 
@@ -82,12 +83,12 @@ def flags(params: dict[str, Any]) -> list[str]:
 
 def check_keys(fit_args: list[str], space: dict[str, Any]) -> None:
     """Parses the fit command with a value of every key, as the CLI would: an unknown key or a wrong type exits 2."""
-    from project.__main__ import main
+    from project.cli import build_cli
 
     sample = {key: dist.choices[0] if hasattr(dist, "choices") else dist.low for key, dist in space.items()}
     try:
         with contextlib.redirect_stdout(io.StringIO()):  # the printed config
-            main(["fit", *fit_args, *flags(sample), "--print_config"])
+            build_cli(["fit", *fit_args, *flags(sample), "--print_config"], prog="python -m project")
     except SystemExit as exit_info:
         if exit_info.code:
             raise SystemExit(2) from None
@@ -114,7 +115,7 @@ def run_trial(trial: Any, study_name: str, storage: str, fit_args: list[str], ro
 
     run_dir = root / f"trial-{trial.number}"
     pruning = [
-        "--trainer.callbacks+=project.runs.sweep.OptunaPruning",
+        "--trainer.callbacks+=project.commands.sweep.OptunaPruning",
         *("--trainer.callbacks.storage", storage, "--trainer.callbacks.study_name", study_name),
         *("--trainer.callbacks.trial_number", str(trial.number)),
     ]
@@ -124,7 +125,7 @@ def run_trial(trial: Any, study_name: str, storage: str, fit_args: list[str], ro
     print(f"[sweep] trial {trial.number}: {json.dumps(trial.params)}", flush=True)
     result = subprocess.run([*command, *flags(trial.params), *pruning])
     trial.set_user_attr("run_dir", str(run_dir))
-    attrs = trial.study._storage.get_trial(trial._trial_id).user_attrs
+    [attrs] = [frozen.user_attrs for frozen in trial.study.get_trials(deepcopy=False) if frozen.number == trial.number]
     if result.returncode != 0 or OBJECTIVE not in attrs:
         print(f"[sweep] trial {trial.number} failed (exit code {result.returncode}); the sweep goes on", flush=True)
         return TrialState.FAIL, None

@@ -32,8 +32,8 @@ from lightning.fabric.plugins.environments import (
 )
 from lightning.fabric.plugins.environments.lightning import find_free_network_port
 
-from project.runtime import lightning_internals as internals
-from project.runtime.faults import first_line
+from project import lightning_internals as internals
+from project.messages import first_line
 
 DEBUG_SWITCH = "PROJECT_DIST_DEBUG"
 DEBUG_SETTINGS = {"NCCL_DEBUG": "INFO", "TORCH_DISTRIBUTED_DEBUG": "DETAIL"}
@@ -136,7 +136,7 @@ def node_report(env: ClusterEnvironment, backend: str) -> str:
             f"launcher:    {type(env).__name__} (main address {env.main_address}:{env.main_port})",
             f"network:     {network}",
             f"debug:       {debug}, debug level {dist.get_debug_level().name} ({DEBUG_SWITCH}=1 turns both on)",
-            "lightning internals (project/runtime/lightning_internals.py):",
+            "lightning internals (project/lightning_internals.py):",
             *internals.report(),
         ]
     )

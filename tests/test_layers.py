@@ -1,0 +1,89 @@
+"""The package's layers: no module imports one that imports it back, ``runs/`` never imports ``runtime/``, and the
+commands are one layer (``commands/``) behind one entry point (``__main__``) whose ``--help`` lists them all."""
+
+import ast
+import importlib
+import importlib.util
+import sys
+
+import pytest
+from conftest import REPO
+
+import project
+from project.__main__ import COMMANDS, main
+
+PACKAGE = project.__name__
+ROOT = REPO / PACKAGE
+
+
+def module_name(path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def is_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def imported(path) -> set[str]:
+    """The package's modules PATH imports, at its top or inside functions (``from P import m``: the module m)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == PACKAGE:
+            names |= {
+                f"{node.module}.{a.name}" if is_module(f"{node.module}.{a.name}") else node.module for a in node.names
+            }
+    return {name for name in names if name == PACKAGE or name.startswith(f"{PACKAGE}.")}
+
+
+@pytest.fixture(scope="module")
+def graph() -> dict[str, set[str]]:
+    return {module_name(path): imported(path) for path in sorted(ROOT.rglob("*.py"))}
+
+
+def test_no_module_imports_one_that_imports_it_back(graph):
+    def cycle_from(start: str, module: str, seen: tuple[str, ...]) -> tuple[str, ...] | None:
+        for child in sorted(graph.get(module, ())):
+            if child == start:
+                return (*seen, child)
+            if child not in seen and (found := cycle_from(start, child, (*seen, child))):
+                return found
+        return None
+
+    cycles = {" -> ".join(found) for module in graph if (found := cycle_from(module, module, (module,)))}
+    assert cycles == set()
+
+
+def test_runs_never_imports_runtime_and_only_the_entry_point_imports_the_commands(graph):
+    upward = {
+        f"{module} -> {name}"
+        for module, names in graph.items()
+        for name in names
+        if module.startswith(f"{PACKAGE}.runs") and name.startswith(f"{PACKAGE}.runtime")
+    }
+    commands = {
+        f"{module} -> {name}"
+        for module, names in graph.items()
+        for name in names
+        if name.startswith(f"{PACKAGE}.commands")
+        and not module.startswith(f"{PACKAGE}.commands")
+        and module != f"{PACKAGE}.__main__"
+    }
+    assert upward == set() and commands == set()
+
+
+def test_the_entry_points_help_lists_every_command_and_each_command_has_a_main(capsys, monkeypatch):
+    monkeypatch.setattr(sys, "argv", sys.argv[:1])  # pytest's own arguments are not the CLI's
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0
+    help_text = " ".join(capsys.readouterr().out.split())
+    for name, (module, _) in COMMANDS.items():
+        assert f"{name}:" in help_text
+        assert module.startswith(f"{PACKAGE}.commands.") and callable(importlib.import_module(module).main)
+    assert {path.stem for path in (ROOT / "commands").glob("*.py")} - {"__init__"} == set(COMMANDS)
