@@ -59,8 +59,8 @@ def explain(message: str, parser: ArgumentParser, command: str) -> str:
         key = re.search(r"Parser key \"([\w.]+)\"", message)
         return (
             f"{key.group(1) if key else 'a key'}: the class path names a function (e.g. torchvision.models.resnet18),"
-            " not a class taking num_classes and input_shape; for torchvision's models give"
-            " --model.network project.networks.TorchvisionModel --model.network.init_args.name resnet18 (docs/data.md)"
+            " not a class taking num_classes and input_shape; for torchvision's models give --model.network"
+            " project.networks.TorchvisionModel --model.network.init_args.name resnet18 (docs/data.md)"
         )
     # The rest as jsonargparse says it, less its dumps of the whole value.
     return "\n".join(line for line in message.splitlines() if not line.strip().startswith("Given value"))
@@ -96,6 +96,8 @@ def constructor_error(error: BaseException) -> str | None:
         cause = cause.__cause__
     if cause is error:
         return None
+    if str(cause).startswith("Expected a <class") and (union := union_errors(str(error))):
+        return union  # a Union's first subtype (e.g. a strategy given as str) was not the one that failed
     built = next(
         (
             frame.f_locals.get("self")
@@ -107,6 +109,12 @@ def constructor_error(error: BaseException) -> str | None:
     kind = "" if isinstance(cause, ValueError | TypeError) else f"{type(cause).__name__}: "
     where = f"{type(built).__module__}.{type(built).__qualname__}: " if built is not None else ""
     return f"{where}{kind}{cause}"
+
+
+def union_errors(message: str) -> str | None:
+    """The errors of a jsonargparse Union message, less its subtypes' "Expected a <class ...>" lines."""
+    errors = [line.strip()[2:] for line in message.splitlines() if line.startswith("  - ")]
+    return "; ".join(error for error in errors if not error.startswith("Expected a <class")) or None
 
 
 def raised_in_jsonargparse(error: BaseException) -> bool:

@@ -8,8 +8,8 @@ has it, or, for an instance attribute, when one of the owner's methods assigns i
 - **correctness**: without it a run could hang or lose work, so ``check()`` refuses to start (exit 2), naming it.
 - **speed**: optional; without it Lightning's own behaviour is used, with one warning.
 
-After upgrading Lightning, ``python -m project doctor`` lists every part; a part that is gone is mended here: find the
-names in the new Lightning's source, or drop the part.
+After upgrading Lightning, ``python -m project doctor`` lists every part; a part that is gone is mended here: find
+the names in the new Lightning's source, or drop the part.
 """
 
 import csv

@@ -22,9 +22,7 @@ import tempfile
 import time
 from itertools import islice
 from pathlib import Path
-from types import SimpleNamespace
 
-import torch
 import torch.distributed as dist
 from benchmark import REPO, child_env, digit_files
 from lightning.fabric.utilities.data import _set_sampler_epoch
@@ -45,12 +43,7 @@ def template_loader(pipeline: str, num_workers: int) -> object:
         data = ImageFolderDataModule(str(digit_files() / "images"), grayscale=True, **options)
     else:
         data = StreamingDataModule(str(digit_files() / "shards"), **options)
-    # What the data module reads from its Trainer: the ranks, the epoch, the device (for pinned memory).
-    cpu = SimpleNamespace(root_device=torch.device("cpu"))
-    data.trainer = SimpleNamespace(
-        world_size=dist.get_world_size(), global_rank=dist.get_rank(), current_epoch=0, strategy=cpu
-    )
-    data.setup("fit")
+    data.setup("fit")  # no Trainer: the ranks come from the process group, the first epoch, on CPU
     return data.train_dataloader()
 
 

@@ -223,9 +223,8 @@ def test_speed_parts_gone_from_lightning_fall_back_to_lightnings_own_behaviour_w
     finally:
         monkeypatch.undo()
         internals.missing_parts.cache_clear()
-    messages = [
-        str(warning.message) for warning in caught if "mend project/lightning_internals.py" in str(warning.message)
-    ]
+    mend = "mend project/lightning_internals.py"
+    messages = [str(warning.message) for warning in caught if mend in str(warning.message)]
     assert len(messages) == 2
     assert any("local CPU ranks forked" in message and "_launch_process_observer" in message for message in messages)
     assert any("no SIGTERM broadcast" in message and "_broadcast_sigterm_tensor" in message for message in messages)

@@ -14,6 +14,8 @@ from project.data import DigitsDataModule
 
 ONE_SCREEN = 6  # lines of stderr an error may take: the usage line, the error, a wrapped line or two
 IMAGE_FOLDER_CONFIG = str(REPO / "configs" / "image_folder.yaml")
+FIT_HELP = "python -m project fit --help"
+TORCHVISION = "project.networks.TorchvisionModel"
 
 
 @pytest.fixture(autouse=True)
@@ -112,8 +114,8 @@ def test_config_file_is_the_documented_default():
 @pytest.mark.parametrize(
     ("flags", "key", "meant", "listing"),
     [
-        (["--trainer.max_epohcs", "3"], "trainer.max_epohcs", "trainer.max_epochs", "python -m project fit --help"),
-        (["--config", "{typo_yaml}"], "trainer.max_epohcs", "trainer.max_epochs", "python -m project fit --help"),
+        (["--trainer.max_epohcs", "3"], "trainer.max_epohcs", "trainer.max_epochs", FIT_HELP),
+        (["--config", "{typo_yaml}"], "trainer.max_epohcs", "trainer.max_epochs", FIT_HELP),
         (
             ["--data.init_args.batch_sise", "3"],
             "data.init_args.batch_sise",
@@ -191,11 +193,11 @@ class FailsToTrain(nn.Module):
             "the network (FixedWidthHead) gives 3 outputs per sample, the data has 10 classes",
         ),
         (
-            ["--model.network", "project.networks.TorchvisionModel", "--model.network.init_args.name", "resnet18"],
+            ["--model.network", TORCHVISION, "--model.network.init_args.name", "resnet18"],
             "torchvision's resnet18 takes 3-channel images, the data gives 1",
         ),
         (
-            ["--model.network", "project.networks.TorchvisionModel", "--model.network.init_args.name", "resnet81"],
+            ["--model.network", TORCHVISION, "--model.network.init_args.name", "resnet81"],
             "'resnet81' is not a torchvision classification model; did you mean resnet18",
         ),
         (
@@ -252,7 +254,7 @@ def test_images_of_mixed_sizes_are_refused_before_a_run_with_the_option_that_res
 
 def test_a_network_that_cannot_take_the_datas_input_is_refused_with_the_shape(capsys, tmp_path, tiny_images):
     """squeezenet's pooling leaves nothing of an 8x8 image: said before training, with the shape."""
-    flags = ("--model.network", "project.networks.TorchvisionModel", "--model.network.init_args.name", "squeezenet1_0")
+    flags = ("--model.network", TORCHVISION, "--model.network.init_args.name", "squeezenet1_0")
     stderr = _refused(capsys, tmp_path / "run", "fit", *tiny_image_args(tmp_path / "run", tiny_images, *flags))
     assert "the network (TorchvisionModel) cannot take one input of the data's shape (3, 8, 8)" in stderr
 
@@ -261,7 +263,7 @@ def test_a_network_that_cannot_take_the_datas_input_is_refused_with_the_shape(ca
 def resnet_run(tiny_images, tmp_path_factory):
     """One epoch of torchvision's resnet18, by config, on the tiny image folder."""
     root = tmp_path_factory.mktemp("resnet")
-    flags = ("--model.network", "project.networks.TorchvisionModel", "--model.network.init_args.name", "resnet18")
+    flags = ("--model.network", TORCHVISION, "--model.network.init_args.name", "resnet18")
     run_in_process("fit", *tiny_image_args(root, tiny_images, *flags, "--checkpoint.save_top_k", "0"))  # last.ckpt
     return root
 
@@ -285,7 +287,7 @@ def test_ckpt_path_last_refuses_another_experiments_checkpoint_naming_the_run(
     assert exit_info.value.code == 2
     run = run_folder(resnet_run, 0)
     assert f"--ckpt_path {which} found the run {run}, whose checkpoint {run / 'checkpoints' / 'last.ckpt'}" in stderr
-    assert "holds a project.networks.TorchvisionModel, the config's network is a project.networks.MLP" in stderr
+    assert f"holds a {TORCHVISION}, the config's network is a project.networks.MLP" in stderr
     assert "Give each its own trainer.default_root_dir" in stderr
     assert sorted(resnet_run.rglob("*")) == before
 
@@ -293,7 +295,7 @@ def test_ckpt_path_last_refuses_another_experiments_checkpoint_naming_the_run(
 def test_ckpt_path_last_refuses_a_checkpoint_made_for_other_data_saying_what_differs(capsys, resnet_run, tmp_path):
     """The same network on three classes: the run found in the folder trained for two."""
     three_classes = write_images(tmp_path / "three", [8] * 4, classes="abc")
-    flags = ("--model.network", "project.networks.TorchvisionModel", "--model.network.init_args.name", "resnet18")
+    flags = ("--model.network", TORCHVISION, "--model.network.init_args.name", "resnet18")
     with pytest.raises(SystemExit) as exit_info:
         main(["test", *tiny_image_args(resnet_run, three_classes, *flags, "--ckpt_path", "last")])
     stderr = capsys.readouterr().err

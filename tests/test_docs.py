@@ -89,7 +89,9 @@ def members(value: object) -> set[str]:
 def known_names() -> frozenset[str]:
     """Every name the project's code, configs and scripts define or use, and the public names of its libraries."""
     names: set[str] = set()
-    for path in [*(REPO / "project").rglob("*.py"), *(REPO / "scripts").glob("*.py"), *(REPO / "tests").glob("*.py")]:
+    sources = [*(REPO / "project").rglob("*.py"), *(REPO / "scripts").glob("*.py")]
+    sources += (REPO / "tests").glob("*.py")
+    for path in sources:
         names.add(path.stem)
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.FunctionDef | ast.ClassDef):

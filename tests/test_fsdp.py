@@ -15,6 +15,9 @@ from test_faults import RESUMABLE, fail_at, fit
 from project.runs.checkpointing import load_sharded_as_full, recover_interrupted_save
 
 FSDP = ("--config", str(REPO / "configs" / "fsdp.yaml"))
+# The learning rate's cosine set for 20 epochs: over the runs' own two it would anneal before the model has learnt
+# what the tests check (test accuracy above chance).
+TRAINED = (*RESUMABLE, "--model.scheduler.init_args.total_steps", "200")
 
 
 def full(path: Path) -> dict:
@@ -39,7 +42,7 @@ def metrics_of(run_dir: Path, *args: str) -> dict:
 def sharded(tmp_path_factory) -> Path:
     """Two epochs on 2 processes under FSDP2 (dropout on: RNG states matter)."""
     run_dir = tmp_path_factory.mktemp("fsdp")
-    result, _ = fit(run_dir, *FSDP, *RESUMABLE)
+    result, _ = fit(run_dir, *FSDP, *TRAINED)
     assert result.returncode == 0, result.stderr[-3000:]
     return run_dir
 
@@ -64,7 +67,7 @@ def test_each_rank_holds_half_of_every_weight_in_a_sharded_checkpoint(sharded):
 
 
 def test_fsdp2_trains_to_the_weights_ddp_trains_to(sharded, tmp_path):
-    result, _ = fit(tmp_path, *RESUMABLE)
+    result, _ = fit(tmp_path, *TRAINED)
     assert result.returncode == 0, result.stderr[-3000:]
     assert_same_weights(full(last_checkpoint(sharded))["state_dict"], full(last_checkpoint(tmp_path))["state_dict"])
 
@@ -101,21 +104,21 @@ def test_a_killed_sharded_run_resumes_mid_epoch_to_the_same_weights(sharded, tmp
     """Checkpoints every 4 steps, written in the background; SIGKILL at step 14 on every rank: the newest complete
     checkpoint (sharded optimizer state included) resumes to the uninterrupted run's weights."""
     every_4 = ("--checkpoint.every_n_train_steps", "4")
-    killed, _ = fit(tmp_path, *FSDP, *RESUMABLE, *every_4, *fail_at(14, -1, "sigkill"))
+    killed, _ = fit(tmp_path, *FSDP, *TRAINED, *every_4, *fail_at(14, -1, "sigkill"))
     assert killed.returncode == -9
     assert full(last_checkpoint(tmp_path))["global_step"] in (8, 12)  # 12 if its background write finished
-    resumed, _ = fit(tmp_path, *FSDP, *RESUMABLE, *every_4, "--ckpt_path", "last")
+    resumed, _ = fit(tmp_path, *FSDP, *TRAINED, *every_4, "--ckpt_path", "last")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert_same_weights(full(last_checkpoint(tmp_path))["state_dict"], full(last_checkpoint(sharded))["state_dict"])
 
 
 def test_sigterm_stops_every_sharded_rank_at_one_step_saves_it_and_auto_resumes_exactly(sharded, tmp_path):
     check_every_4 = ("--guard.preemption_check_every_n_steps", "4")
-    stopped, _ = fit(tmp_path, *FSDP, *RESUMABLE, *check_every_4, *fail_at(13, 1, "sigterm"))
+    stopped, _ = fit(tmp_path, *FSDP, *TRAINED, *check_every_4, *fail_at(13, 1, "sigterm"))
     assert stopped.returncode == 143, stopped.stderr[-3000:]
     assert stopped.stderr.count("SIGTERM on rank 1: stopped at step 16") == 2
     assert full(last_checkpoint(tmp_path))["global_step"] == 16  # the stop waited for its background save
-    resumed, _ = fit(tmp_path, *FSDP, *RESUMABLE, "--ckpt_path", "auto")
+    resumed, _ = fit(tmp_path, *FSDP, *TRAINED, "--ckpt_path", "auto")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert_same_weights(full(last_checkpoint(tmp_path))["state_dict"], full(last_checkpoint(sharded))["state_dict"])
 

@@ -1,2 +1,3 @@
-"""The commands besides Lightning's (``fit``, ``validate``, ``test``, ``predict``: ``cli.py``), one per file, each with
-a ``main(argv) -> exit code``; ``project/__main__.py`` is their one entry point. Nothing else imports this package."""
+"""The commands besides Lightning's (``fit``, ``validate``, ``test``, ``predict``: ``cli.py``), one per file, each
+with a ``main(argv) -> exit code``; ``project/__main__.py`` is their one entry point. Nothing else imports this
+package."""

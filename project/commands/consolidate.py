@@ -1,5 +1,5 @@
-"""``python -m project consolidate SHARDED_CHECKPOINT OUTPUT``: a sharded (FSDP2) checkpoint as one file, for export
-or a run without FSDP."""
+"""``python -m project consolidate SHARDED_CHECKPOINT OUTPUT``: a sharded (FSDP2) checkpoint as one file, for
+export or a run without FSDP."""
 
 import argparse
 from pathlib import Path

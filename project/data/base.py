@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import Dataset, DistributedSampler, Sampler, Subset, TensorDataset
 
@@ -182,9 +183,10 @@ class BaseDataModule(LightningDataModule):
         return self._loader(self.splits[name], ExactDistributedSampler(self.splits[name], num_replicas, rank))
 
     def _ranks(self) -> tuple[int, int]:
-        """(world size, global rank) from the Trainer; (1, 0) when used on its own."""
+        """(world size, global rank) from the Trainer; without one, the process group's (scripts/benchmark_data.py),
+        or (1, 0)."""
         if self.trainer is None:
-            return 1, 0
+            return (dist.get_world_size(), dist.get_rank()) if dist.is_initialized() else (1, 0)
         return self.trainer.world_size, self.trainer.global_rank
 
     def _gpu(self) -> torch.device | None:
