@@ -1,21 +1,38 @@
 """The LightningModule: an injected network trained with cross-entropy and (by default) SGD.
 
-Metrics are torchmetrics objects, one per stage, logged as objects: each rank accumulates its
-own counts and they are summed across ranks once, at epoch end. No per-step collective runs,
+Metrics are torchmetrics objects declared once (``stage_metrics``), cloned per stage and logged as objects: each
+rank accumulates its own counts and they are summed across ranks once, at epoch end. No per-step collective runs,
 so ranks with uneven evaluation shards never wait on each other.
 """
 
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
 from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor, nn
-from torchmetrics import MeanMetric
+from torchmetrics import MeanMetric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
-from project.runtime.sharding import FSDP2Strategy
 from project.schedules import WarmupCosineLR
+
+STAGES = ("train", "val", "test")
+
+
+def stage_metrics(num_classes: int) -> MetricCollection:
+    """The metrics of every stage, each updated with ``(logits, labels)`` and logged as ``{stage}_{name}``: add yours
+    here, one line. Each must sum exactly across ranks at epoch end (counts, not per-rank means) and do no host sync
+    per step (``validate_args=False``: the label checks would). ``{stage}_loss`` is the module's own, below."""
+    # average="micro" is plain accuracy; torchmetrics' default ("macro") is the per-class mean.
+    return MetricCollection({"acc": MulticlassAccuracy(num_classes, average="micro", validate_args=False)})
+
+
+@runtime_checkable
+class ShardsNetworks(Protocol):
+    """A strategy that shards a network in place once the process group is up (``FSDP2Strategy``, configs/fsdp.yaml):
+    the module hands it its network without knowing the strategy's class."""
+
+    def shard(self, network: nn.Module) -> None: ...
 
 
 class ClassificationModule(LightningModule):
@@ -58,17 +75,13 @@ class ClassificationModule(LightningModule):
         self.scheduler = scheduler
         self.channels_last = channels_last
         self.loss_fn = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
-        # average="micro" is plain accuracy; torchmetrics' default ("macro") is the per-class mean.
-        self.val_acc = MulticlassAccuracy(num_classes, average="micro")
-        self.test_acc = MulticlassAccuracy(num_classes, average="micro")
-        # Training: per-sample correctness and loss, averaged (exact, like the evaluation metrics), in two scalar
-        # states each: what ranks sync at every epoch's end, however short the epoch. nan_strategy "disable": no host
-        # sync per step (the NaN guard, RunGuard, checks losses); it also drops `weight` (torchmetrics 1.9), so each
-        # sample counts through its own value.
-        self.train_acc = MeanMetric(nan_strategy="disable")
-        self.train_loss = MeanMetric(nan_strategy="disable")
-        self.val_loss = MeanMetric()
-        self.test_loss = MeanMetric()
+        metrics = stage_metrics(num_classes)
+        # Keyed "{stage}_metrics", "{stage}_loss": nn.Module has a `train` attribute, so "train" cannot be a key.
+        self.metrics = nn.ModuleDict({f"{stage}_metrics": metrics.clone(prefix=f"{stage}_") for stage in STAGES})
+        # The loss: each batch's mean loss once per sample, averaged (the exact per-sample mean across ranks) in two
+        # scalar states. nan_strategy "disable": no host sync per step (the NaN guard, RunGuard, checks training
+        # losses); it also drops `weight` (torchmetrics 1.9), so each sample counts through its own value.
+        self.losses = nn.ModuleDict({f"{stage}_loss": MeanMetric(nan_strategy="disable") for stage in STAGES})
 
     def configure_model(self) -> None:
         """The speed switches and, under FSDP2 (configs/fsdp.yaml), the network's sharding by the strategy's policy:
@@ -77,7 +90,7 @@ class ClassificationModule(LightningModule):
             torch.set_float32_matmul_precision(self.hparams.matmul_precision)
         if self.channels_last:
             self.network.to(memory_format=torch.channels_last)
-        if self.device_mesh is not None and isinstance(self.trainer.strategy, FSDP2Strategy):
+        if self.device_mesh is not None and isinstance(self.trainer.strategy, ShardsNetworks):
             self.trainer.strategy.shard(self.network)
         if self.hparams.compile:
             self.network.compile(**(self.hparams.compile if isinstance(self.hparams.compile, dict) else {}))
@@ -88,29 +101,26 @@ class ClassificationModule(LightningModule):
         return self.network(x)
 
     def training_step(self, batch: list[Tensor], batch_idx: int) -> Tensor:
-        x, y = batch
-        logits = self(x)
-        loss = self.loss_fn(logits, y)
-        self.train_loss.update(loss.detach().expand(len(y)))  # the batch's mean loss, once per sample
-        self.train_acc.update((logits.detach().argmax(dim=1) == y).float())
-        return loss
+        return self._step(batch, "train")
 
     def validation_step(self, batch: list[Tensor], batch_idx: int) -> None:
-        self._evaluate(batch, "val")
+        self._step(batch, "val")
 
     def test_step(self, batch: list[Tensor], batch_idx: int) -> None:
-        self._evaluate(batch, "test")
+        self._step(batch, "test")
 
     def predict_step(self, batch: list[Tensor], batch_idx: int) -> Tensor:
         """Each input's class probabilities (runs/outputs.py writes them with the predicted class)."""
         return self(batch[0]).softmax(dim=1)
 
-    def _evaluate(self, batch: list[Tensor], stage: str) -> None:
+    def _step(self, batch: list[Tensor], stage: str) -> Tensor:
+        """The batch's loss; updates the stage's metrics (with detached values: they hold no graph)."""
         x, y = batch
         logits = self(x)
-        # Weighted by batch size so the epoch loss is the exact per-sample mean across all ranks.
-        getattr(self, f"{stage}_loss").update(self.loss_fn(logits, y), weight=len(y))
-        getattr(self, f"{stage}_acc").update(logits, y)
+        loss = self.loss_fn(logits, y)
+        self.losses[f"{stage}_loss"].update(loss.detach().expand(len(y)))
+        self.metrics[f"{stage}_metrics"].update(logits.detach(), y)
+        return loss
 
     # Metric objects are logged once per epoch: each rank counts its own samples, summed across ranks at compute.
     # (A self.log call per step would cost Lightning more than a small CPU step's work: docs/performance.md. RunGuard
@@ -125,8 +135,8 @@ class ClassificationModule(LightningModule):
         self._log_epoch_metrics("test")
 
     def _log_epoch_metrics(self, stage: str) -> None:
-        self.log(f"{stage}_loss", getattr(self, f"{stage}_loss"), prog_bar=True)
-        self.log(f"{stage}_acc", getattr(self, f"{stage}_acc"), prog_bar=True)
+        self.log(f"{stage}_loss", self.losses[f"{stage}_loss"], prog_bar=True)
+        self.log_dict(self.metrics[f"{stage}_metrics"], prog_bar=True)
 
     def configure_optimizers(self) -> Any:
         optimizer = self.optimizer(self.parameters())

@@ -18,7 +18,8 @@ def test_training_step_returns_cross_entropy_and_tracks_accuracy():
     logits = module(x)
     assert torch.allclose(loss, nn.functional.cross_entropy(logits, y))
     expected_accuracy = (logits.argmax(1) == y).float().mean()
-    assert torch.isclose(module.train_acc.compute(), expected_accuracy)  # what on_train_epoch_end logs
+    logged = module.metrics["train_metrics"].compute()["train_acc"]  # what on_train_epoch_end logs
+    assert torch.isclose(logged, expected_accuracy)
 
 
 def test_train_metrics_are_exact_per_sample_means_over_uneven_batches():
@@ -28,8 +29,8 @@ def test_train_metrics_are_exact_per_sample_means_over_uneven_batches():
         [torch.tensor([[5.0, 0.0]]), torch.tensor([1])],
     ]
     losses = [module.training_step(batch, index) for index, batch in enumerate(batches)]
-    assert module.train_acc.compute().item() == 0.75
-    assert torch.isclose(module.train_loss.compute(), (3 * losses[0] + losses[1]) / 4)
+    assert module.metrics["train_metrics"].compute()["train_acc"].item() == 0.75
+    assert torch.isclose(module.losses["train_loss"].compute(), (3 * losses[0] + losses[1]) / 4)
 
 
 def test_eval_metrics_are_exact_per_sample_means_over_uneven_batches():
@@ -40,10 +41,10 @@ def test_eval_metrics_are_exact_per_sample_means_over_uneven_batches():
         [torch.tensor([[5.0, 0.0]]), torch.tensor([1])],
     ]
     for batch in batches:
-        module._evaluate(batch, "test")
-    assert module.test_acc.compute().item() == 0.75
+        module.test_step(batch, 0)
+    assert module.metrics["test_metrics"].compute()["test_acc"].item() == 0.75
     losses = torch.cat([nn.functional.cross_entropy(x, y, reduction="none") for x, y in batches])
-    assert torch.isclose(module.test_loss.compute(), losses.mean())
+    assert torch.isclose(module.losses["test_loss"].compute(), losses.mean())
 
 
 def test_optimizer_and_scheduler_come_from_the_injected_callables():
