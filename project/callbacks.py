@@ -1,9 +1,9 @@
 """Your callbacks: the place for what a run should do beside training (log, plot, stop early, save extra files).
 
 A callback is a ``lightning.pytorch.Callback`` with the hooks it needs; a config lists it under
-``trainer.callbacks`` (``configs/grad_norm.yaml``), after the callbacks every run gets (project/cli.py).
+``trainer.callbacks`` (``configs/grad_norm.yaml``), beside the callbacks every run gets (project/cli.py).
 A later ``--config`` whose ``trainer.callbacks`` is a list replaces this list: name every callback the run wants in
-one list. The template's own callbacks (the guard, checkpoints, preemption) are machinery, in ``runtime/`` and ``runs/``.
+one list. The template's own callbacks (the guard, checkpoints, preemption) are machinery, in ``runtime/``, ``runs/``.
 """
 
 import torch
@@ -20,7 +20,8 @@ class GradientNorm(Callback):
     """
 
     def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Optimizer) -> None:
-        if trainer.global_step % trainer.log_every_n_steps == 0:
+        # Lightning writes step metrics after the step that makes global_step a multiple: log only then (cheaper).
+        if (trainer.global_step + 1) % trainer.log_every_n_steps == 0:
             pl_module.log("grad_norm", total_norm(pl_module), on_step=True, on_epoch=False)
 
 

@@ -3,6 +3,7 @@ import csv
 import pytest
 import torch
 from conftest import REPO, last_checkpoint, quick_args, run_folder, run_project
+from lightning.pytorch import Trainer
 from torch import nn
 
 from project.data import DigitsDataModule
@@ -76,3 +77,38 @@ def test_train_acc_counts_every_sample_of_every_rank_once(tmp_path):
     with torch.no_grad():
         expected = (module(x).argmax(dim=1) == y).float().mean().item()
     assert len(y) == 1258 and logged == pytest.approx(expected, abs=1e-6)
+
+
+def test_a_metric_added_to_stage_metrics_is_logged_for_every_stage_beside_the_exact_loss_and_accuracy(monkeypatch):
+    """One line in ``stage_metrics`` gives ``train_/val_/test_`` versions of a metric; the loss and accuracy stay exact
+    per-sample means over uneven batches (3 samples then 1)."""
+    from torchmetrics.classification import MulticlassF1Score
+
+    import project.module
+
+    declared = project.module.stage_metrics
+
+    def with_f1(num_classes: int):
+        metrics = declared(num_classes)
+        metrics.add_metrics({"f1": MulticlassF1Score(num_classes, average="macro", validate_args=False)})
+        return metrics
+
+    monkeypatch.setattr(project.module, "stage_metrics", with_f1)
+    module = ClassificationModule(nn.Flatten(), num_classes=2)
+    x = torch.tensor([[5.0, 0.0], [0.0, 5.0], [5.0, 0.0], [5.0, 0.0]])  # logits are the inputs: the last one wrong
+    y = torch.tensor([0, 1, 0, 1])
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=3)
+    trainer = Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False, enable_model_summary=False)
+    [metrics] = trainer.test(module, loader, verbose=False)
+    assert set(metrics) == {"test_loss", "test_acc", "test_f1"}
+    assert metrics["test_acc"] == 0.75 and metrics["test_f1"] == pytest.approx((0.8 + 2 / 3) / 2)  # F1 0.8 and 2/3
+    assert metrics["test_loss"] == pytest.approx(nn.functional.cross_entropy(x, y).item())
+    assert set(module.metrics["train_metrics"].keys()) == {"train_acc", "train_f1"}
+
+
+def test_the_module_shards_its_network_only_through_a_strategy_that_says_it_can():
+    from project.module import ShardsNetworks
+    from project.runtime.sharding import FSDP2Strategy
+    from project.runtime.strategy import DDPStrategy
+
+    assert issubclass(FSDP2Strategy, ShardsNetworks) and not issubclass(DDPStrategy, ShardsNetworks)

@@ -1,0 +1,52 @@
+"""The user's callbacks (project/callbacks.py): GradientNorm logs the gradients' norm every log_every_n_steps steps."""
+
+import copy
+import csv
+
+import pytest
+import torch
+from lightning.pytorch import Trainer
+from lightning.pytorch.loggers import CSVLogger
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from project.callbacks import GradientNorm, total_norm
+from project.module import ClassificationModule
+from project.networks import MLP
+
+
+def test_total_norm_is_the_l2_norm_of_every_gradient_together():
+    network = nn.Linear(2, 2)
+    network.weight.grad = torch.tensor([[3.0, 0.0], [0.0, 0.0]])
+    network.bias.grad = torch.tensor([4.0, 0.0])
+    assert total_norm(network).item() == 5.0
+    assert total_norm(nn.Linear(2, 2)).item() == 0.0  # no gradient yet
+
+
+def test_gradient_norm_is_logged_every_log_every_n_steps_with_the_first_steps_exact_norm(tmp_path):
+    torch.manual_seed(0)
+    x, y = torch.randn(40, 4), torch.randint(0, 3, (40,))
+    module = ClassificationModule(MLP(num_classes=3, input_shape=(4,), hidden_sizes=(8,)), num_classes=3)
+    untrained = copy.deepcopy(module)
+    trainer = Trainer(
+        accelerator="cpu",
+        max_epochs=1,
+        log_every_n_steps=3,
+        callbacks=[GradientNorm()],
+        logger=CSVLogger(tmp_path),
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+    )
+    trainer.fit(module, DataLoader(TensorDataset(x, y), batch_size=4))  # 10 steps, not shuffled
+    with (tmp_path / "lightning_logs" / "version_0" / "metrics.csv").open(newline="") as file:
+        logged = [float(row["grad_norm"]) for row in csv.DictReader(file) if row["grad_norm"]]
+    assert len(logged) == 3  # the 3rd, 6th and 9th steps
+    optimizer = untrained.configure_optimizers()  # the module's own: SGD with torch's defaults
+    for step in range(3):  # the same 3 steps by hand
+        optimizer.zero_grad()
+        untrained.loss_fn(untrained(x[4 * step : 4 * step + 4]), y[4 * step : 4 * step + 4]).backward()
+        expected = total_norm(untrained).item()
+        optimizer.step()
+    assert logged[0] == pytest.approx(expected, rel=1e-6)
+    assert len(set(logged)) == 3  # each a different step's gradients
