@@ -1,4 +1,4 @@
-"""The user's callbacks (project/callbacks.py): GradientNorm logs the gradients' norm every log_every_n_steps steps."""
+"""The user's callbacks (project/callbacks.py): GradientNorm logs the gradients' norm every log_every_n_steps."""
 
 import copy
 import csv

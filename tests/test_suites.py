@@ -94,6 +94,7 @@ def test_the_data_suite_fails_an_eval_loader_that_pads_a_rank_with_a_duplicate(t
     suite = TestDigits()
     data = suite.ready(tmp_path_factory)
     assert len(data.splits["test"]) == 359  # odd: 2 ranks get 180 each, one sample twice
-    monkeypatch.setattr(project.data.base, "ExactDistributedSampler", lambda *a: DistributedSampler(*a, shuffle=False))
+    padding = lambda *args: DistributedSampler(*args, shuffle=False)  # noqa: E731
+    monkeypatch.setattr(project.data.base, "ExactDistributedSampler", padding)
     with pytest.raises(AssertionError, match="test on 2 ranks"):
         suite.test_the_eval_loaders_give_every_sample_once_across_ranks(data, 2)
