@@ -5,6 +5,7 @@ import csv
 
 import pytest
 import torch
+from conftest import REPO, quick_args, run_folder, run_in_process
 from lightning.pytorch import Trainer
 from lightning.pytorch.loggers import CSVLogger
 from torch import nn
@@ -50,3 +51,12 @@ def test_gradient_norm_is_logged_every_log_every_n_steps_with_the_first_steps_ex
         optimizer.step()
     assert logged[0] == pytest.approx(expected, rel=1e-6)
     assert len(set(logged)) == 3  # each a different step's gradients
+
+
+def test_the_overlay_lists_it_under_trainer_callbacks_and_a_cli_run_logs_grad_norm(tmp_path):
+    overlay = ("--config", str(REPO / "configs" / "grad_norm.yaml"), "--trainer.log_every_n_steps", "3")
+    short = ("--trainer.max_epochs", "1", "--trainer.limit_train_batches", "7", "--trainer.limit_val_batches", "0")
+    run_in_process("fit", *quick_args(tmp_path, *overlay, *short))
+    with (run_folder(tmp_path) / "metrics.csv").open(newline="") as file:
+        rows = [row for row in csv.DictReader(file) if row["grad_norm"]]
+    assert [int(row["step"]) for row in rows] == [2, 5] and all(float(row["grad_norm"]) > 0 for row in rows)
