@@ -31,7 +31,7 @@ else
     --master-port "${MASTER_PORT:-29500}"
   )
 fi
-PROJECT_EXIT_FILE=${PROJECT_EXIT_FILE:-$(mktemp "${TMPDIR:-/tmp}/project-exit.XXXXXX")}
+PROJECT_EXIT_FILE=${PROJECT_EXIT_FILE:-$(mktemp "${TMPDIR:-/tmp}/rank-exits.XXXXXX")}
 export PROJECT_EXIT_FILE
 trap 'rm -f "$PROJECT_EXIT_FILE"' EXIT
 torchrun --nnodes "$NUM_NODES" --nproc-per-node "$DEVICES" "${rendezvous[@]}" --max-restarts "$MAX_RESTARTS" \

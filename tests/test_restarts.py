@@ -46,7 +46,7 @@ def test_a_failed_step_is_restarted_in_the_allocation_with_its_cause_and_count(t
     assert steps == ["0", "1", "2"]  # PROJECT_RESTART_COUNT of each step
     assert "[slurm.sbatch] restart 1 of 3 in this allocation: cause 0" in done.stderr  # what the rank recorded
     assert "restart 2 of 3 in this allocation: srun step ended with exit code 143: a rank was killed" in done.stderr
-    assert not list(tmp_path.glob(".project-exit-*"))  # removed at the end
+    assert not list(tmp_path.glob(".rank-exits-*"))  # removed at the end
 
 
 @pytest.mark.parametrize("final", ["2", "3", "143"], ids=["refused", "nan-guard", "preempted"])
