@@ -134,6 +134,7 @@ class ProjectCLI(LightningCLI):
         and, for fit with a logger, a learning-rate monitor; test and predict write their files."""
         trainer = super().instantiate_trainer(**kwargs)
         internals.install_fork_launcher(trainer, ForkLauncher)
+        internals.start_next_epoch_afresh(trainer)
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # the default: not one chosen in the config
             trainer.strategy.checkpoint_io = AtomicCheckpointIO()
         bar = trainer.progress_bar_callback

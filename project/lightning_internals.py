@@ -50,7 +50,7 @@ PREEMPTION = Part(
     ),
 )
 RESUME_POINT = Part(
-    "a run resumed at an epoch's end or last batch trains the next epoch (data/base.py, data/streaming.py)",
+    "a run resumed at an epoch's end or last batch trains the next epoch once (data/base.py, streaming.py, cli.py)",
     True,
     (
         "lightning.pytorch.loops.fit_loop:_FitLoop.epoch_progress",
@@ -59,6 +59,13 @@ RESUME_POINT = Part(
         # The order resume_point relies on: setup_data makes the iterator, then reset moves past a finished epoch.
         "lightning.pytorch.loops.fit_loop:_FitLoop.setup_data._data_fetcher",
         "lightning.pytorch.loops.fit_loop:_FitLoop.reset.is_last_batch",
+        # start_next_epoch_afresh: the stage that reset moves past a last batch in, and on_advance_start's use of it.
+        "lightning.pytorch.loops.fit_loop:_FitLoop.reset",
+        "lightning.pytorch.loops.fit_loop:_FitLoop.restarted_mid_epoch",
+        "lightning.pytorch.loops.fit_loop:_FitLoop.on_advance_start.restarted_mid_epoch",
+        "lightning.pytorch.loops.fit_loop:_FitLoop.reset_restart_stage",
+        "lightning.pytorch.loops.fit_loop:_FitLoop._restarting",
+        "lightning.pytorch.loops.training_epoch_loop:_TrainingEpochLoop.restarted_on_train_batch_end",
     ),
 )
 FAIL_FAST = Part(
@@ -258,6 +265,29 @@ def resume_point(trainer: Trainer) -> tuple[int, bool]:
     inside = epochs.processed < epochs.started
     last_batch = inside and trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
     return epochs.processed + int(last_batch), inside and not last_batch
+
+
+def start_next_epoch_afresh(trainer: Trainer) -> None:
+    """After a resume from an epoch's last batch, the next epoch starts as a new one: counted ready and started, its
+    ``on_train_epoch_start`` hooks called, its epoch-interval schedulers stepped at its end.
+
+    Lightning's ``_FitLoop.reset`` counts such an epoch processed and completed, but leaves the restart stage "mid
+    epoch", so ``on_advance_start`` treats the next epoch as the interrupted one: it neither counts it ready and
+    started nor calls its start hooks. A checkpoint at that epoch's last batch then records it as finished (ready =
+    started = processed), and a second resume from it trains the whole epoch again (8 extra steps of 24 here).
+    """
+    fit_loop = trainer.fit_loop
+    reset = fit_loop.reset
+
+    def reset_past_last_batch() -> None:
+        reset()
+        epoch_loop = fit_loop.epoch_loop
+        past_last_batch = epoch_loop.restarted_on_train_batch_end and epoch_loop.batch_progress.is_last_batch
+        if fit_loop.restarted_mid_epoch and past_last_batch:
+            fit_loop._restarting = False  # the fit loop's alone: the epoch loop still restores its batch counters
+            fit_loop.reset_restart_stage()
+
+    fit_loop.reset = reset_past_last_batch
 
 
 # Logging (runs/loggers.py).
