@@ -8,6 +8,8 @@ Each case trains once uninterrupted for 3 epochs (the reference), writing on the
 - ``mid-epoch``: ``every_n_train_steps`` inside an epoch; the loader resumes at the very next batch.
 - ``last-batch``: ``every_n_train_steps`` (or a SIGTERM stop) on an epoch's last batch, written before that epoch
   ends: Lightning finishes the epoch on resume and starts the next one.
+- ``last-batch-twice``: the ``last-batch`` run's own checkpoint at the next epoch's last batch, resumed in turn (a job
+  requeued twice): Lightning left that epoch's counters as if it had ended, and the second resume trained it again.
 - ``end-of-fit``: a finished ``fit`` with ``max_epochs 2`` resumed with ``max_epochs 3 --ckpt_path last`` (the
   README's command), against the reference's 3 epochs; the learning-rate schedule's length given (``total_steps``),
   as by default it is the run's.
@@ -29,8 +31,8 @@ full cross product, which would cost minutes. That catches each failure mode fou
 
 | case | path | processes | workers | augmentation | kinds |
 | --- | --- | --- | --- | --- | --- |
-| memory-1 | digits in memory | 1 | - | - | last-batch |
-| folder-1 | image folder | 1 | 0 | off | epoch-end, last-batch, end-of-fit (the issue's command) |
+| memory-1 | digits in memory | 1 | - | - | last-batch, last-batch-twice |
+| folder-1 | image folder | 1 | 0 | off | epoch-end, last-batch, last-batch-twice, end-of-fit (the issue's command) |
 | folder-2-workers-augmented | image folder | 2 | 2 | on | epoch-end, mid-epoch, last-batch |
 | stream-1-workers-augmented | LitData shards | 1 | 2 | on | epoch-end, mid-epoch |
 | stream-2-augmented | LitData shards | 2 | 0 | on | mid-epoch, last-batch |
@@ -78,9 +80,9 @@ class Case:
 WORKERS = ("--data.init_args.num_workers", "2")
 CASES = {
     # 1,258 training digits in batches of 160: 8 steps an epoch.
-    "memory-1": Case(("--data.init_args.batch_size", "160"), 1, 8, ("last-batch",)),
+    "memory-1": Case(("--data.init_args.batch_size", "160"), 1, 8, ("last-batch", "last-batch-twice")),
     # 60 training images in batches of 8: 8 steps an epoch on 1 process, 4 on 2.
-    "folder-1": Case(("--config", FOLDER), 1, 8, ("epoch-end", "last-batch", "end-of-fit")),
+    "folder-1": Case(("--config", FOLDER), 1, 8, ("epoch-end", "last-batch", "last-batch-twice", "end-of-fit")),
     "folder-2-workers-augmented": Case(
         ("--config", FOLDER, *FLIPPED, *WORKERS), 2, 4, ("epoch-end", "mid-epoch", "last-batch")
     ),
@@ -145,6 +147,7 @@ def test_a_resumed_run_ends_with_the_uninterrupted_runs_weights(name, images, sh
     assert expected[0] == EPOCHS * steps
     starts = {"epoch-end": "end-epoch=0.ckpt", "mid-epoch": f"step-step={steps + half}.ckpt"}
     starts["last-batch"] = f"step-step={steps}.ckpt"
+    starts["last-batch-twice"] = f"step-step={2 * steps}.ckpt"  # written by the last-batch kind's resumed run
     differ = []
     for kind in case.kinds:
         root = tmp_path / kind
@@ -157,7 +160,8 @@ def test_a_resumed_run_ends_with_the_uninterrupted_runs_weights(name, images, sh
         else:
             start = root / "start.ckpt"
             root.mkdir()
-            shutil.copy(saved / starts[kind], start)
+            source = checkpoint_dir(tmp_path / "last-batch") if kind == "last-batch-twice" else saved
+            shutil.copy(source / starts[kind], start)
             fit(root, case, flags, *checkpointing, "--ckpt_path", str(start))
             final = checkpoint_dir(root) / f"end-epoch={EPOCHS - 1}.ckpt"
         step, weights = trained(final)

@@ -53,6 +53,22 @@ def test_test_ckpt_path_last_evaluates_the_newest_runs_checkpoint(runs):
     assert not (run_folder(root, 2) / "checkpoints").exists()
 
 
+def test_a_fit_without_a_logger_resumes_with_ckpt_path_last_to_the_uninterrupted_weights(tmp_path):
+    """Without a logger the config is saved in default_root_dir, which every attempt shares: the resume's goes beside
+    the first (Lightning's config saving refused the resume: config.yaml existed). Pitfall 12."""
+    fixed = ("--trainer.logger", "false", "--model.scheduler.init_args.total_steps", "40")  # the schedule's length
+    project("fit", *quick_args(tmp_path / "reference", *fixed, "--trainer.max_epochs", "2"))
+    root = tmp_path / "run"
+    project("fit", *quick_args(root, *fixed, "--trainer.max_epochs", "1"))
+    project("fit", *quick_args(root, *fixed, "--trainer.max_epochs", "2", "--ckpt_path", "last"))
+    expected = torch.load(tmp_path / "reference" / "checkpoints" / "last.ckpt", weights_only=True)
+    resumed = torch.load(root / "checkpoints" / "last.ckpt", weights_only=True)
+    assert resumed["global_step"] == expected["global_step"] == 40
+    assert all(torch.equal(resumed["state_dict"][key], value) for key, value in expected["state_dict"].items())
+    assert "max_epochs: 1\n" in (root / "config.yaml").read_text()
+    assert "max_epochs: 2\n" in (root / "config.resume-1.yaml").read_text()
+
+
 def test_ckpt_path_last_without_a_run_to_resume_is_an_error(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         project("fit", *quick_args(tmp_path / "run", "--ckpt_path", "last"))

@@ -66,6 +66,9 @@ def prepare_run(config: Namespace, subcommand: str) -> RunPlan:
         plan = start_new_run(config)
     else:
         plan = RunPlan()
+    if subcommand == "fit" and config.ckpt_path and not config.trainer.get("logger"):
+        # Without a logger every fit saves its config in default_root_dir (Lightning's log_dir): a resume's goes beside.
+        plan.config_filename = attempt_config_name(Path(config.trainer.get("default_root_dir") or "."))
     return plan
 
 
@@ -289,8 +292,13 @@ def continue_run(config: Namespace, folder: Path) -> RunPlan:
         arg = next((name for name in RUN_ID_ARGS if name in logger.init_args), None)
         if run_id and arg and logger.class_path.rsplit(".", 1)[-1] == trackers[str(index)]["logger"]:
             logger.init_args[arg] = run_id
+    return RunPlan(attempt_config_name(folder), folder)
+
+
+def attempt_config_name(folder: Path) -> str:
+    """The name of this attempt's config in FOLDER: ``config.yaml`` on a run's first, ``config.resume-N.yaml`` after."""
     earlier = list(folder.glob("config*.yaml"))
-    return RunPlan(f"config.resume-{len(earlier)}.yaml" if earlier else "config.yaml", folder)
+    return f"config.resume-{len(earlier)}.yaml" if earlier else "config.yaml"
 
 
 def restart_count_known() -> bool:
