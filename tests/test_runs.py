@@ -54,8 +54,8 @@ def test_test_ckpt_path_last_evaluates_the_newest_runs_checkpoint(runs):
 
 
 def test_a_fit_without_a_logger_resumes_with_ckpt_path_last_to_the_uninterrupted_weights(tmp_path):
-    """Without a logger the config is saved in default_root_dir, which every attempt shares: the resume's goes beside
-    the first (Lightning's config saving refused the resume: config.yaml existed). Pitfall 12."""
+    """Without a logger the config is saved in default_root_dir, which every command shares: the resume's (and a
+    test's) goes beside the first (Lightning's config saving refused them: config.yaml existed). Pitfall 12."""
     fixed = ("--trainer.logger", "false", "--model.scheduler.init_args.total_steps", "40")  # the schedule's length
     project("fit", *quick_args(tmp_path / "reference", *fixed, "--trainer.max_epochs", "2"))
     root = tmp_path / "run"
@@ -67,6 +67,8 @@ def test_a_fit_without_a_logger_resumes_with_ckpt_path_last_to_the_uninterrupted
     assert all(torch.equal(resumed["state_dict"][key], value) for key, value in expected["state_dict"].items())
     assert "max_epochs: 1\n" in (root / "config.yaml").read_text()
     assert "max_epochs: 2\n" in (root / "config.resume-1.yaml").read_text()
+    assert "test_acc" in project("test", *quick_args(root, *fixed, "--ckpt_path", "last"))  # its config beside too
+    assert (root / "config.test-2.yaml").is_file()
 
 
 def test_ckpt_path_last_without_a_run_to_resume_is_an_error(tmp_path, capsys):

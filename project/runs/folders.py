@@ -66,9 +66,10 @@ def prepare_run(config: Namespace, subcommand: str) -> RunPlan:
         plan = start_new_run(config)
     else:
         plan = RunPlan()
-    if subcommand == "fit" and config.ckpt_path and not config.trainer.get("logger"):
-        # Without a logger every fit saves its config in default_root_dir (Lightning's log_dir): a resume's goes beside.
-        plan.config_filename = attempt_config_name(Path(config.trainer.get("default_root_dir") or "."))
+    if not config.trainer.get("logger") and (subcommand != "fit" or config.ckpt_path):
+        # Without a logger every command saves its config in default_root_dir (Lightning's log_dir): later ones beside.
+        kind = "resume" if subcommand == "fit" else subcommand
+        plan.config_filename = attempt_config_name(Path(config.trainer.get("default_root_dir") or "."), kind)
     return plan
 
 
@@ -295,10 +296,11 @@ def continue_run(config: Namespace, folder: Path) -> RunPlan:
     return RunPlan(attempt_config_name(folder), folder)
 
 
-def attempt_config_name(folder: Path) -> str:
-    """The name of this attempt's config in FOLDER: ``config.yaml`` on a run's first, ``config.resume-N.yaml`` after."""
+def attempt_config_name(folder: Path, kind: str = "resume") -> str:
+    """The name of this attempt's config in FOLDER: ``config.yaml`` first, then ``config.KIND-N.yaml`` (a resume's,
+    or without a logger a test's: ``config.test-2.yaml``)."""
     earlier = list(folder.glob("config*.yaml"))
-    return f"config.resume-{len(earlier)}.yaml" if earlier else "config.yaml"
+    return f"config.{kind}-{len(earlier)}.yaml" if earlier else "config.yaml"
 
 
 def restart_count_known() -> bool:
