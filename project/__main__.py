@@ -45,7 +45,7 @@ def main(args: list[str] | None = None) -> None:
     except LightningMismatch as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(restarts.REFUSED_EXIT_CODE)
-    except FloatingPointError:  # the NaN guard, already reported and recorded (runtime/guard.py): never restarted
+    except FloatingPointError:  # the NaN guard, already reported and recorded (runtime/nan_guard.py): never restarted
         sys.exit(restarts.DETERMINISTIC_EXIT_CODE)
     except SystemExit as error:
         restarts.record_exit(error)

@@ -79,8 +79,8 @@ class ClassificationModule(LightningModule):
         # Keyed "{stage}_metrics", "{stage}_loss": nn.Module has a `train` attribute, so "train" cannot be a key.
         self.metrics = nn.ModuleDict({f"{stage}_metrics": metrics.clone(prefix=f"{stage}_") for stage in STAGES})
         # The loss: each batch's mean loss once per sample, averaged (the exact per-sample mean across ranks) in two
-        # scalar states. nan_strategy "disable": no host sync per step (the NaN guard, RunGuard, checks training
-        # losses); it also drops `weight` (torchmetrics 1.9), so each sample counts through its own value.
+        # scalar states. nan_strategy "disable": no host sync per step (NaNGuard checks training losses); it also
+        # drops `weight` (torchmetrics 1.9), so each sample counts through its own value.
         self.losses = nn.ModuleDict({f"{stage}_loss": MeanMetric(nan_strategy="disable") for stage in STAGES})
 
     def configure_model(self) -> None:
@@ -123,7 +123,7 @@ class ClassificationModule(LightningModule):
         return loss
 
     # Metric objects are logged once per epoch: each rank counts its own samples, summed across ranks at compute.
-    # (A self.log call per step would cost Lightning more than a small CPU step's work: docs/performance.md. RunGuard
+    # (A self.log call per step would cost Lightning more than a small CPU step's work: docs/performance.md. NaNGuard
     # logs the training loss every log_every_n_steps steps, as train_loss_step.)
     def on_train_epoch_end(self) -> None:
         self._log_epoch_metrics("train")

@@ -157,7 +157,7 @@ def test_sigterm_to_one_rank_stops_every_rank_at_the_same_step_saves_it_and_resu
     """Rank 0 launched rank 1 (Lightning's launcher); the flags are exchanged every 4 steps: SIGTERM after step 13
     stops both ranks after step 16, mid-epoch 1, with last.ckpt of step 16 and exit code 143 from every process."""
     run_dir = tmp_path / "run"
-    check_every_4 = ("--guard.preemption_check_every_n_steps", "4")
+    check_every_4 = ("--preemption.check_every_n_steps", "4")
     stopped, seconds = fit(run_dir, *RESUMABLE, *check_every_4, *fail_at(13, signalled, "sigterm"))
     assert stopped.returncode == PREEMPTED_EXIT_CODE == 143, stopped.stderr[-3000:]
     for rank in (0, 1):
@@ -177,7 +177,7 @@ FROM_A_TERMINAL = (
     "import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler);"
     " runpy.run_module('project', run_name='__main__', alter_sys=True)"
 )
-CHECK_EVERY_4 = ("--guard.preemption_check_every_n_steps", "4")
+CHECK_EVERY_4 = ("--preemption.check_every_n_steps", "4")
 
 
 def fit_with_ctrl_c(run_dir: Path, presses: int, to_group: bool, *extra: str, step: int = 13):

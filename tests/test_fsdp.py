@@ -113,7 +113,7 @@ def test_a_killed_sharded_run_resumes_mid_epoch_to_the_same_weights(sharded, tmp
 
 
 def test_sigterm_stops_every_sharded_rank_at_one_step_saves_it_and_auto_resumes_exactly(sharded, tmp_path):
-    check_every_4 = ("--guard.preemption_check_every_n_steps", "4")
+    check_every_4 = ("--preemption.check_every_n_steps", "4")
     stopped, _ = fit(tmp_path, *FSDP, *TRAINED, *check_every_4, *fail_at(13, 1, "sigterm"))
     assert stopped.returncode == 143, stopped.stderr[-3000:]
     assert stopped.stderr.count("SIGTERM on rank 1: stopped at step 16") == 2

@@ -40,7 +40,7 @@ BATCH_SIZE = 64  # configs/digits.yaml's
 TRAIN_SAMPLES = 1797 - round(0.1 * 1797) - round(0.2 * 1797)
 # Each rank gets ceil(1258 / 2) = 629 samples from the DistributedSampler: ceil(629 / 64) = 10 steps per epoch.
 STEPS_PER_EPOCH = math.ceil(math.ceil(TRAIN_SAMPLES / NODES) / BATCH_SIZE)
-CHECK_EVERY = 50  # guard.preemption_check_every_n_steps in configs/digits.yaml
+CHECK_EVERY = 50  # preemption.check_every_n_steps in configs/digits.yaml
 # The sbatch line of docs/multi-node.md, as written: its options and the script's arguments.
 [DOCUMENTED] = [
     line for line in (REPO / "docs" / "multi-node.md").read_text().splitlines() if line.startswith("sbatch ")
@@ -284,7 +284,7 @@ def test_a_job_hit_by_every_fault_heals_itself_and_ends_as_the_uninterrupted_one
     run_dir = tmp_path / "run"
     fit = (*slow(0.05), "--trainer.callbacks.first_attempt_only", "false")
     # A stop every 9 steps of an attempt: never at an epoch's last step here (see the report on such resumes).
-    fit += ("--guard.preemption_check_every_n_steps", "9")
+    fit += ("--preemption.check_every_n_steps", "9")
     fit += ("--trainer.strategy.init_args.timeout", "0:00:10")
     started, recovered = time.monotonic(), {}
 

@@ -44,7 +44,7 @@ def test_a_fit_logs_model_tflops_with_samples_per_second_and_no_mfu_on_cpu(tmp_p
 
 def test_mfu_is_the_model_flops_rate_per_device_over_its_peak(tmp_path, monkeypatch):
     # a GPU Lightning knows, pretended
-    monkeypatch.setattr("project.runtime.guard.peak_flops", lambda trainer: 2e9)
+    monkeypatch.setattr("project.runtime.throughput.peak_flops", lambda trainer: 2e9)
     run_in_process("fit", *quick_args(tmp_path, "--trainer.max_epochs", "2"))
     for row in logged(tmp_path):
         assert float(row["mfu"]) == pytest.approx(float(row["tflops_per_sec"]) * 1e12 / 2e9)

@@ -1,5 +1,5 @@
-"""When a run goes wrong: name the failed rank, stop every process of the run, stop at the first NaN, name the rank
-that hangs.
+"""When a run goes wrong: name the failed rank, stop every process of the run, name the rank that hangs (a NaN loss:
+``nan_guard.py``).
 
 Distributed failures otherwise read as a peer's "Connection reset by peer", or as a hang: a rank blocked in a
 collective waits for the process-group timeout (``trainer.strategy.init_args.timeout``), then fails with a message
@@ -19,10 +19,12 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from lightning.pytorch import Trainer
+from lightning.pytorch import Callback, LightningModule, Trainer
 
 from project import lightning_internals as internals
 from project.messages import first_line, report
+from project.runs.restarts import exit_code_for, record_outcome
+from project.runtime.strategy import process_group_timeout
 
 # The process that started this one: for a rank that Lightning's launcher re-ran, rank 0 (launcher.py sets it in a
 # forked rank). Recorded at import, before a failure to join the process group can come.
@@ -33,20 +35,43 @@ DIST_HINT = (
 )
 
 
-class FailFast:
-    """On an exception in any rank: say which rank failed and at which step, and stop the ranks it launched.
+class Stopped(SystemExit):
+    """A deliberate stop (preemption, Ctrl-C: ``runtime/preemption.py``), not a failure: nothing for ``FailFast`` to
+    report."""
 
-    Driven by ``RunGuard`` (runtime/guard.py), the callback that holds the template's per-run checks.
+
+class FailFast(Callback):
+    """On an exception in any rank: say which rank failed and at which step, and stop the ranks it launched; while
+    training, each rank's heartbeat (``Heartbeat``), which names the rank that hangs.
 
     Lightning's own launcher (``devices > 1`` without torchrun or SLURM) starts local ranks 1..n-1 from
     rank 0's process. It kills them only on Ctrl-C; a rank 0 that fails otherwise would leave them blocked
     in a collective. torchrun and srun stop the other ranks themselves (srun with ``--kill-on-bad-exit``).
+    The CLI adds it before ``PreemptionCheck``: on a failure the ranks are stopped before SIGINT's handler is restored.
     """
 
     def __init__(self) -> None:
         self.heartbeat = Heartbeat()
 
-    def on_exception(self, trainer: Trainer, exception: BaseException) -> str:
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.heartbeat.start(trainer, process_group_timeout(trainer.strategy))
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
+        self.heartbeat.progressed(trainer.global_step)
+
+    def on_validation_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
+        self.heartbeat.progressed(trainer.global_step)  # a long validation is not a stall
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.heartbeat.stop()
+
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        if isinstance(exception, (Stopped, KeyboardInterrupt)):  # not a failure: PreemptionCheck ends the run
+            self.heartbeat.stop()
+        else:
+            record_outcome(exit_code_for(exception), self.report_failure(trainer, exception))
+
+    def report_failure(self, trainer: Trainer, exception: BaseException) -> str:
         """Reports the failure and stops the launched ranks; returns the cause in one line (the hung rank, if any)."""
         where = f"rank {trainer.global_rank}/{trainer.world_size} failed at step {trainer.global_step}"
         cause = f"{where}: {type(exception).__name__}: {first_line(exception)}"
@@ -176,56 +201,6 @@ class Heartbeat:
             steps = ", ".join(f"{rank} at step {beats[rank][0]}" for rank in running)
             lines.append(f"ranks still running: {steps}")
         return lines
-
-
-class NonFiniteLosses:
-    """Stops training when the loss turns NaN/inf, naming the step, and never lets non-finite weights be saved.
-
-    Each step only keeps its (already detached) loss tensor; they are checked together at every ``log_every_n_steps``-th
-    step, at epoch end and before each checkpoint: one host sync per window, none per step. ``RunGuard`` runs
-    before ``ModelCheckpoint`` (Lightning orders checkpoint callbacks last), so the last checkpoint keeps the last
-    finite weights.
-    """
-
-    def __init__(self) -> None:
-        self._losses: list[torch.Tensor] = []
-        self._first_step = 0  # the global step after the window's first loss
-        self.window_mean: torch.Tensor | None = None  # the last checked window's mean loss, for the loss curve
-
-    def record(self, loss: Any, trainer: Trainer) -> None:
-        if not self._losses:
-            self._first_step = trainer.global_step
-        if isinstance(loss, torch.Tensor):
-            self._losses.append(loss)
-        if trainer.global_step % trainer.log_every_n_steps == 0:  # at the logging steps: a resumed run's too
-            self.check(trainer)
-
-    def check(self, trainer: Trainer) -> None:
-        losses, self._losses = self._losses, []
-        if not losses:
-            return
-        stacked = torch.stack(losses)  # the losses are scalars: backward needs one
-        self.window_mean = stacked.mean()
-        finite = stacked.isfinite()
-        if not finite.all():
-            step = self._first_step + int((~finite).nonzero()[0])
-            raise FloatingPointError(
-                f"the training loss became NaN or inf at step {step} (seen at step {trainer.global_step});"
-                " training stopped and no checkpoint holds the damage: lower the learning rate, or check the data"
-            )
-
-    def check_weights(self, trainer: Trainer, state_dict: dict[str, torch.Tensor]) -> None:
-        self.check(trainer)
-        shards = {name: value.to_local() if hasattr(value, "to_local") else value for name, value in state_dict.items()}
-        bad = [name for name, value in shards.items() if value.is_floating_point() and not value.isfinite().all()]
-        if len(shards) and any(hasattr(value, "to_local") for value in state_dict.values()):  # FSDP2: one decision
-            count = torch.tensor([len(bad)], device=next(iter(shards.values())).device)
-            dist.all_reduce(count)
-            bad = bad or (["a shard on another rank"] if count.item() else [])
-        if bad:
-            raise FloatingPointError(
-                f"non-finite weights at step {trainer.global_step} ({', '.join(bad[:3])}): not saving a checkpoint"
-            )
 
 
 def wait_until(condition: Callable[[], bool], timeout: float = 2.0) -> bool:

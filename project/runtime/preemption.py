@@ -13,7 +13,7 @@ SIGKILL after a grace period. Lightning 2.6 handles SIGTERM with two private pie
   pairs with whatever collective the other ranks are in (SIGTERM to rank 0 alone hung a 2-process run for the whole
   process-group timeout); and a run stopped that way exits 0, as if it had finished. Here it only sets a flag.
 
-Every ``every_n_steps`` training steps, at the same step on every rank, the ranks sum their flags over a CPU
+Every ``check_every_n_steps`` training steps, at the same step on every rank, the ranks sum their flags over a CPU
 (gloo) group: a host-side exchange, never a GPU sync. When any rank was signalled, every rank stops after that step,
 rank 0 saves ``last.ckpt`` through ModelCheckpoint's path and the checkpoint IO (atomic, RNG states included), and
 every process exits with ``PREEMPTED_EXIT_CODE``.
@@ -41,16 +41,17 @@ import sys
 import threading
 import time
 from types import FrameType
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from lightning.fabric.plugins.environments import LightningEnvironment
-from lightning.pytorch import Trainer
+from lightning.pytorch import Callback, LightningModule, Trainer
 
 from project import lightning_internals as internals
 from project.runs.folders import resume_command, slurm_job_id
 from project.runs.restarts import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE
-from project.runtime.faults import finish_pending_save, report
+from project.runtime.faults import Stopped, finish_pending_save, report
 from project.runtime.requeue_signal import EarlyRequeueSignal
 from project.runtime.strategy import process_group_timeout
 
@@ -59,14 +60,14 @@ SIGTERM_FLAG, REQUEUE_FLAG, INTERRUPT_FLAG = 1, 2, 4  # a rank's flags, summed a
 LAUNCHED_RANKS_EXIT_S = 30.0
 
 
-class Preempted(SystemExit):
+class Preempted(Stopped):
     """Every rank stopped on SIGTERM, the requeue signal or Ctrl-C after saving; ends the process with CODE."""
 
     def __init__(self, code: int = PREEMPTED_EXIT_CODE) -> None:
         super().__init__(code)
 
 
-class Interrupted(SystemExit):
+class Interrupted(Stopped):
     """Ctrl-C again, or before the first training step: this rank stops at once without saving (WHEN says which);
     ends the process with ``INTERRUPTED_EXIT_CODE``."""
 
@@ -75,21 +76,41 @@ class Interrupted(SystemExit):
         self.when = when
 
 
-class PreemptionCheck:
-    """The signal flags, their exchange every ``every_n_steps`` steps, and the stop. Driven by ``RunGuard``."""
+class PreemptionCheck(Callback):
+    """The signal flags, their exchange every ``check_every_n_steps`` steps, and the stop (the ``preemption`` config
+    key). The CLI adds it after the template's other callbacks: the stop comes after the step's other work (the NaN
+    check, the logs), and on a failure after ``FailFast`` has stopped the ranks.
 
-    def __init__(self, every_n_steps: int = 50) -> None:
-        if every_n_steps < 1:
-            raise ValueError(f"preemption_check_every_n_steps must be >= 1, got {every_n_steps}")
-        self.every_n_steps = every_n_steps
+    Args:
+        check_every_n_steps: how often the ranks exchange their signal flags. A stop comes at most this many steps
+            after the signal: keep steps x this well under the scheduler's grace period.
+    """
+
+    def __init__(self, check_every_n_steps: int = 50) -> None:
+        if check_every_n_steps < 1:
+            raise ValueError(f"preemption.check_every_n_steps must be >= 1, got {check_every_n_steps}")
+        self.check_every_n_steps = check_every_n_steps
         self.signalled = 0
         self._steps = 0
         self._group: dist.ProcessGroup | None = None
         self._launched: list[subprocess.Popen] = []  # taken out of Lightning's watch by a stop
         self._pid, self._announce, self._previous_sigint = 0, False, None
 
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if stage == "fit":
+            self.install(trainer)
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
+        self.after_step(trainer)
+
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        if isinstance(exception, (Interrupted, KeyboardInterrupt)):  # Ctrl-C again, or before the first step
+            self.stop_at_once(trainer, exception)
+        else:  # after the stop (Preempted) or a failure, which FailFast has reported
+            self.restore_interrupt_handler()
+
     def install(self, trainer: Trainer) -> None:
-        """Called in ``setup("fit")`` on every rank: after the process group, before Lightning registers handlers."""
+        """In ``setup("fit")`` on every rank: after the process group, before Lightning registers handlers."""
         self.signalled, self._steps, self._launched = 0, 0, []
         self._pid, self._announce = os.getpid(), trainer.local_rank == 0  # a terminal's Ctrl-C reaches local rank 0
         self._previous_sigint = signal.getsignal(signal.SIGINT)
@@ -126,7 +147,7 @@ class PreemptionCheck:
             raise Interrupted("Ctrl-C before the first training step")
         self.signalled |= INTERRUPT_FLAG
         if self._announce:  # os.write: the handler may run while the main thread is inside a write to stderr
-            within = "after this step" if self._group is None else f"within {self.every_n_steps} steps"
+            within = "after this step" if self._group is None else f"within {self.check_every_n_steps} steps"
             message = (
                 f"[project] Ctrl-C: every rank stops {within} and saves last.ckpt;"
                 " Ctrl-C again to stop at once without saving\n"
@@ -161,7 +182,7 @@ class PreemptionCheck:
         if self._group is None:  # one process: nothing to agree on, so every step
             if self.signalled:
                 self._stop(trainer, [self.signalled])
-        elif self._steps % self.every_n_steps == 0:
+        elif self._steps % self.check_every_n_steps == 0:
             flags = torch.zeros(trainer.world_size, dtype=torch.int32)
             flags[trainer.global_rank] = self.signalled
             dist.all_reduce(flags, group=self._group)
