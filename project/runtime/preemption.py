@@ -77,9 +77,11 @@ class Interrupted(Stopped):
 
 
 class PreemptionCheck(Callback):
-    """The signal flags, their exchange every ``check_every_n_steps`` steps, and the stop (the ``preemption`` config
-    key). The CLI adds it after the template's other callbacks: the stop comes after the step's other work (the NaN
-    check, the logs), and on a failure after ``FailFast`` has stopped the ranks.
+    """On SIGTERM, SLURM's requeue signal or Ctrl-C to any rank, every rank stops at the same step and saves.
+
+    The signal flags, their exchange every ``check_every_n_steps`` steps, and the stop: the ``preemption`` config key.
+    The CLI adds it after the template's other callbacks: the stop comes after the step's other work (the NaN check,
+    the logs), and on a failure after ``FailFast`` has stopped the ranks.
 
     Args:
         check_every_n_steps: how often the ranks exchange their signal flags. A stop comes at most this many steps
