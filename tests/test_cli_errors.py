@@ -45,6 +45,8 @@ def _refused(capsys, run_dir, *args: str) -> str:
         (["--trainer.devices", "-2"], "should be an int > 0"),
         (["--trainer.num_nodes", "0"], "`num_nodes` must be a positive integer"),
         (["--data.init_args.batch_size", "0"], "batch_size must be >= 1"),
+        (["--preemption.check_every_n_steps", "0"], "preemption.check_every_n_steps must be >= 1, got 0"),
+        (["--guard.preemption_check_every_n_steps", "4"], "did you mean preemption.check_every_n_steps?"),  # renamed
         (["--checkpoint.train_time_interval", "abc"], 'Parser key "checkpoint.train_time_interval"'),
     ],
 )

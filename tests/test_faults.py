@@ -32,9 +32,17 @@ from conftest import (
     run_project,
     start_python,
 )
+from fault_injection import FailAt
+from lightning.pytorch.callbacks import ModelCheckpoint
 
+from project.cli import build_cli
 from project.runs.folders import resume_command
 from project.runs.restarts import DETERMINISTIC_EXIT_CODE, INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE
+from project.runs.resume_state import ResumeState
+from project.runtime.faults import FailFast
+from project.runtime.nan_guard import NaNGuard
+from project.runtime.preemption import PreemptionCheck
+from project.runtime.throughput import Throughput
 
 TESTS = str(REPO / "tests")
 
@@ -265,6 +273,17 @@ def test_the_resume_command_is_the_command_with_ckpt_path_last_in_place_of_any_o
     )
     started = ["/venv/bin/project", "fit", "--ckpt_path", "auto", "--trainer.devices", "2", "--ckpt_path=x.ckpt"]
     assert resume_command(started) == "project fit --trainer.devices 2 --ckpt_path last"
+
+
+def test_every_run_gets_the_safeguards_after_the_configs_callbacks_in_the_order_their_hooks_need(tmp_path, monkeypatch):
+    """FailFast's on_exception before PreemptionCheck's (ranks stopped, then SIGINT's handler restored); the NaN check
+    and the logs before the preemption stop; the NaN check before ResumeState's and ModelCheckpoint's saving."""
+    monkeypatch.setattr(sys, "argv", sys.argv[:1])  # pytest's own arguments are not the CLI's
+    cli = build_cli(quick_args(tmp_path, *fail_at(1000, 0, "raise")), run=False)
+    kinds = [type(callback) for callback in cli.trainer.callbacks]
+    order = [FailAt, FailFast, NaNGuard, Throughput, ResumeState, PreemptionCheck, ModelCheckpoint]
+    assert [kind for kind in kinds if kind in order] == order
+    assert cli.trainer.callbacks[kinds.index(PreemptionCheck)].check_every_n_steps == 50  # configs/digits.yaml
 
 
 def test_a_fit_in_this_process_hands_ctrl_c_back_as_it_found_it_after_finishing_or_failing(tmp_path):
