@@ -37,7 +37,7 @@ def test_the_readme_is_short_and_links_every_docs_page():
     }
 
 
-# Code spans in prose (outside fenced blocks) that name an identifier: a class (`RunGuard`), a function or key with
+# Code spans in prose (outside fenced blocks) that name an identifier: a class (`NaNGuard`), a function or key with
 # an underscore (`prepare_run`, `save_top_k`), a constant (`KNOWN_NOISE`), a call (`check()`), a dotted path, a file.
 FENCE = re.compile(r"^```.*?^```", re.MULTILINE | re.DOTALL)
 SPAN = re.compile(r"`([^`\n]+)`")
