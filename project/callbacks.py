@@ -3,7 +3,8 @@
 A callback is a ``lightning.pytorch.Callback`` with the hooks it needs; a config lists it under
 ``trainer.callbacks`` (``configs/grad_norm.yaml``), beside the callbacks every run gets (project/cli.py).
 A later ``--config`` whose ``trainer.callbacks`` is a list replaces this list: name every callback the run wants in
-one list. The template's own callbacks (the guard, checkpoints, preemption) are machinery, in ``runtime/``, ``runs/``.
+one list. The template's own (fail-fast, NaN guard, throughput, resume state, preemption: ``add_safeguards`` in
+cli.py) are machinery, in ``runtime/`` and ``runs/``.
 """
 
 import torch
