@@ -207,7 +207,7 @@ def build_cli(
 ) -> ProjectCLI:
     """The CLI that ``python -m project`` runs, with ARGS as its command line.
 
-    ``run=False`` builds the Trainer, model and data without running a subcommand (scripts/step_cost.py). EPILOG
+    ``run=False`` builds the Trainer, model and data without running a subcommand (benchmarks/step_cost.py). EPILOG
     ends the top-level help (``__main__`` lists its other commands there).
     """
     internals.check()

@@ -88,7 +88,7 @@ def checks(log) -> dict[str, Any]:
     )  # fmt: skip
     bench = OUT / "benchmark.json"
     rows = ["cuda-in-memory-1p-cnn", "cuda-dataloader-1p", "cuda-in-memory-1p"]
-    benchmark = [sys.executable, "scripts/benchmark.py", "--only", *rows, "--output", str(bench)]
+    benchmark = [sys.executable, "-m", "benchmarks.overhead", "--only", *rows, "--output", str(bench)]
     bench_code, _ = run(log, *benchmark, timeout=400)
     # The suite's GPU tests (in-memory splits on the device), which skip without CUDA.
     pytest = [sys.executable, "-m", "pytest", "-q", "-o", "addopts=", "tests/test_throughput.py"]  # no xdist needed

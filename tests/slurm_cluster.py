@@ -1,4 +1,4 @@
-"""A real SLURM cluster for the tests marked ``slurm``: the two nodes of scripts/slurm_cluster.sh on this machine.
+"""A real SLURM cluster for the tests marked ``slurm``: tests/fixtures/slurm_cluster.sh's two nodes on this machine.
 
 ``slurm_cluster`` (session fixture) uses the cluster when it is up (CI's `.ci/run` starts it before pytest), starts it
 otherwise (root only: it may apt-get slurm-wlm and munge) and skips with the reason when it cannot be had. A cluster
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from conftest import LAUNCHER_VARS, REPO
 
-CLUSTER_SCRIPT = REPO / "scripts" / "slurm_cluster.sh"
+CLUSTER_SCRIPT = REPO / "tests" / "fixtures" / "slurm_cluster.sh"
 CLUSTER_DIR = Path(os.environ.get("SLURM_CLUSTER_DIR", "/tmp/project-slurm"))
 NODES = ("node1", "node2")
 # A job in any other state is over (requeued jobs go back to PENDING; COMPLETING: its processes are being ended).
@@ -56,7 +56,7 @@ def cluster_is_up() -> bool:
 
 def _cannot_start() -> str | None:
     if os.geteuid() != 0:
-        return "not root: scripts/slurm_cluster.sh up (apt-get, munged, slurmctld, slurmd) needs root"
+        return "not root: tests/fixtures/slurm_cluster.sh up (apt-get, munged, slurmctld, slurmd) needs root"
     if shutil.which("slurmctld") is None and shutil.which("apt-get") is None:
         return "no slurmctld and no apt-get to install slurm-wlm"
     return None
@@ -79,10 +79,10 @@ def slurm_cluster():
             try:
                 result = _run("bash", str(CLUSTER_SCRIPT), "up", timeout=900)
             except subprocess.TimeoutExpired:
-                pytest.skip("no SLURM cluster: scripts/slurm_cluster.sh up took over 900 s")
+                pytest.skip("no SLURM cluster: tests/fixtures/slurm_cluster.sh up took over 900 s")
             if result.returncode != 0 or not cluster_is_up():
                 pytest.skip(
-                    f"no SLURM cluster: scripts/slurm_cluster.sh up exited {result.returncode} "
+                    f"no SLURM cluster: tests/fixtures/slurm_cluster.sh up exited {result.returncode} "
                     f"(slurmctld or slurmd would not start):\n{(result.stdout + result.stderr)[-2000:]}"
                 )
             started_marker.touch()

@@ -1,4 +1,4 @@
-"""scripts/benchmark.py runs its three sides for real, training the same model: a smoke run, never a timing test."""
+"""benchmarks/overhead.py runs its three sides for real, training the same model: a smoke run, never a timing test."""
 
 import json
 import subprocess
@@ -12,12 +12,13 @@ CONFIG = "cpu-in-memory-1p"  # one rank: three fresh interpreters, not five (tes
 
 def test_quick_benchmark_trains_the_same_model_on_every_side(tmp_path, monkeypatch, capsys):
     output = tmp_path / "benchmark.json"
-    monkeypatch.syspath_prepend(str(REPO / "scripts"))
+    monkeypatch.syspath_prepend(str(REPO))
     monkeypatch.chdir(REPO)
-    monkeypatch.setattr(sys, "argv", ["benchmark.py", "--quick", "--only", CONFIG, "--output", str(output)])
-    import benchmark  # in this process, which has imported torch and Lightning already; each side is a fresh one
+    monkeypatch.setattr(sys, "argv", ["overhead.py", "--quick", "--only", CONFIG, "--output", str(output)])
+    # In this process, which has imported torch and Lightning already; each side is a fresh one.
+    from benchmarks import overhead
 
-    assert benchmark.main() == 0
+    assert overhead.main() == 0
     configs = json.loads(output.read_text())["configs"]
     assert list(configs) == [CONFIG]
     bench = configs[CONFIG]
@@ -34,8 +35,8 @@ def test_quick_benchmark_trains_the_same_model_on_every_side(tmp_path, monkeypat
 
 
 def test_data_benchmark_loads_the_same_images_through_both_data_paths():
-    """scripts/benchmark_data.py: the template's loader and the hand-written one, one row, a few batches a side."""
-    command = [sys.executable, "scripts/benchmark_data.py", "--only", "image-folder-1p-0w", "--batches", "3"]
+    """benchmarks/data.py: the template's loader and the hand-written one, one row, a few batches a side."""
+    command = [sys.executable, "-m", "benchmarks.data", "--only", "image-folder-1p-0w", "--batches", "3"]
     command += ["--repeats", "1"]
     result = subprocess.run(command, cwd=REPO, env=project_env(), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]

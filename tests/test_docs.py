@@ -89,9 +89,8 @@ def members(value: object) -> set[str]:
 def known_names() -> frozenset[str]:
     """Every name the project's code, configs and scripts define or use, and the public names of its libraries."""
     names: set[str] = set()
-    sources = [*(REPO / "project").rglob("*.py"), *(REPO / "scripts").glob("*.py")]
-    sources += (REPO / "tests").glob("*.py")
-    for path in sources:
+    code = [REPO / "project", REPO / "scripts", REPO / "benchmarks", REPO / "tests"]
+    for path in [path for folder in code for path in folder.rglob("*.py")]:
         names.add(path.stem)
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.FunctionDef | ast.ClassDef):
@@ -104,7 +103,8 @@ def known_names() -> frozenset[str]:
                 names.add(node.attr)
             elif isinstance(node, ast.Constant) and isinstance(node.value, str):
                 names |= set(re.findall(r"\w+", node.value))
-    others = [*(REPO / "configs").glob("*.yaml"), *(REPO / "scripts").glob("*.s*"), REPO / "pyproject.toml"]
+    others = [*(REPO / "configs").glob("*.yaml"), *(REPO / "scripts").glob("*.s*"), *(REPO / "tests" / "fixtures").glob("*.sh")]
+    others.append(REPO / "pyproject.toml")
     names |= {word for path in others for word in re.findall(r"\w+", path.read_text())}
     with warnings.catch_warnings():  # reading deprecated module attributes warns
         warnings.simplefilter("ignore")

@@ -1,6 +1,6 @@
-"""scripts/slurm.sbatch on a real SLURM cluster: two nodes on this machine (scripts/slurm_cluster.sh), the scheduler's
-srun starting one task per node, its signals, requeues and job arrays. Every run resumed after the scheduler stopped it
-must end with the weights of the uninterrupted run."""
+"""scripts/slurm.sbatch on a real SLURM cluster: two nodes on this machine (tests/fixtures/slurm_cluster.sh), the
+scheduler's srun starting one task per node, its signals, requeues and job arrays. Every run resumed after the scheduler
+stopped it must end with the weights of the uninterrupted run."""
 
 import csv
 import math

@@ -1,21 +1,21 @@
 """Races the template (the real ``python -m project fit``) against the hand-written DDP script it replaces and
 against the bare Lightning Trainer, so that what Lightning costs and what the template adds are told apart.
 
-    python scripts/benchmark.py                        # CPU/gloo on 1 and 2 processes, plus GPU/NCCL when present
-    python scripts/benchmark.py --quick --only cpu-dataloader-1p cpu-in-memory-2p   # a smoke run (tests)
-    python scripts/benchmark.py --threads 1   # shared machine: 2-thread runs stall whenever another process runs
+    python -m benchmarks.overhead                        # CPU/gloo on 1 and 2 processes, plus GPU/NCCL when present
+    python -m benchmarks.overhead --quick --only cpu-dataloader-1p cpu-in-memory-2p   # a smoke run (tests)
+    python -m benchmarks.overhead --threads 1   # shared machine: 2-thread runs stall whenever another process runs
 
 Each configuration (device, pipeline "dataloader" or "in-memory", processes, network) runs the three sides
 alternately ``--repeats`` times with the same network, data, per-rank batch, steps, seed and OMP_NUM_THREADS:
-``plain`` (scripts/plain_ddp.py), ``bare`` (scripts/bare_lightning.py: a Trainer and a LightningModule with only
+``plain`` (benchmarks/plain_ddp.py), ``bare`` (benchmarks/bare_lightning.py: a Trainer and a LightningModule with only
 training_step and configure_optimizers) and ``template``. It reports medians: steps/s and samples/s from the first
 step's start to the last step's end (timed in-process), wall time from launch to exit, time to first step, peak
 memory, and the template's ratios to both. Every side must start from identical weights and end at the same loss
 (exit 1 otherwise). Also reported: the template's defaults (in-memory) against the classic DataLoader script, and
 2-vs-1-process scaling of a wider, compute-bound MLP. Rows: the digits MLP, the wide MLP, and ``-cnn``, the
 SmallCNN on synthetic 3x32x32 images (batch 128), a compute-realistic step.
-Bare Lightning and the template are timed by ``StepTimer``, which the template's CLI loads from this file by class
-path (scripts/ on PYTHONPATH).
+Bare Lightning and the template are timed by ``StepTimer``, which the template's CLI loads from this module by class
+path (``benchmarks.overhead.StepTimer``; the repository root on PYTHONPATH).
 """
 
 import argparse
@@ -37,7 +37,8 @@ from typing import Any
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
-from plain_ddp import FILE_PIPELINES, LAST_STEPS, LAUNCH_TIME, rank_stats, weights_digest, write_rank_stats
+
+from benchmarks.plain_ddp import FILE_PIPELINES, LAST_STEPS, LAUNCH_TIME, rank_stats, weights_digest, write_rank_stats
 
 REPO = Path(__file__).resolve().parents[1]
 SIDES = ("plain", "bare", "template")
@@ -124,10 +125,9 @@ def file_configs(args: argparse.Namespace) -> list[Config]:
 
 def digit_files() -> Path:
     """The digits as an image folder and as shards, written once into the system's temp folder."""
-    from make_shards import write_shards
-    from write_digit_images import write_digit_images
-
     from project.data import ImageFolderDataModule
+    from scripts.make_shards import write_shards
+    from scripts.write_digit_images import write_digit_images
 
     root = Path(tempfile.gettempdir()) / "project-benchmark-digit-files"
     if not (root / "shards" / "dataset.json").exists():
@@ -156,9 +156,9 @@ def free_port() -> int:
 
 
 def child_env(nprocs: int, threads: int | None) -> dict[str, str]:
-    """The same for both sides: OMP threads (default: cores split over the ranks), a fresh port, scripts/ importable."""
+    """The same for both sides: OMP threads (default: cores over ranks), a fresh port, benchmarks/ importable."""
     env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS and not k.startswith("SLURM_")}
-    paths = [str(REPO / "scripts"), *filter(None, [env.get("PYTHONPATH")])]
+    paths = [str(REPO), *filter(None, [env.get("PYTHONPATH")])]
     threads = threads or max(1, (os.cpu_count() or 1) // nprocs)
     env.update(PYTHONPATH=os.pathsep.join(paths), OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
     env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
@@ -176,14 +176,15 @@ def launches(side: str, config: Config, workdir: Path) -> list[tuple[list[str], 
             root = digit_files() / ("images" if config.pipeline == "image-folder" else "shards")
             args += ["--data-root", str(root), "--num-workers", str(config.num_workers)]
         if side == "bare":
-            bare = [sys.executable, str(REPO / "scripts" / "bare_lightning.py"), "--nprocs", str(config.nprocs)]
+            bare = [sys.executable, "-m", "benchmarks.bare_lightning", "--nprocs", str(config.nprocs)]
             return [([*bare, *args], {})]
-        command = [sys.executable, str(REPO / "scripts" / "plain_ddp.py"), *args]
+        command = [sys.executable, "-m", "benchmarks.plain_ddp", *args]
         world = {"WORLD_SIZE": str(config.nprocs)}
         return [(command, {**world, "RANK": str(rank), "LOCAL_RANK": str(rank)}) for rank in range(config.nprocs)]
     network = {"model.network.init_args.hidden_sizes": json.dumps(list(config.hidden_sizes))}
     if config.network == "cnn":
-        network = {"model.network": "project.networks.SmallCNN", "data.class_path": "plain_ddp.SyntheticImages"}
+        images = "benchmarks.plain_ddp.SyntheticImages"
+        network = {"model.network": "project.networks.SmallCNN", "data.class_path": images}
     flags = {
         "config": "configs/digits.yaml",
         **network,
@@ -205,7 +206,7 @@ def launches(side: str, config: Config, workdir: Path) -> list[tuple[list[str], 
         "checkpoint.save_top_k": "0",
         "checkpoint.save_last": "false",
         "trainer.default_root_dir": str(workdir / "run"),
-        "trainer.callbacks+": "benchmark.StepTimer",  # appended; the CLI's own callbacks stay
+        "trainer.callbacks+": "benchmarks.overhead.StepTimer",  # appended; the CLI's own callbacks stay
         "trainer.callbacks.output_dir": str(output),
     }
     command = [sys.executable, "-m", "project", "fit", *(f"--{key}={value}" for key, value in flags.items())]

@@ -1,9 +1,9 @@
 """What a training step costs in Lightning and what the template adds to it, told apart in one process.
 
-    python scripts/step_cost.py --steps 1100 --repeats 7
+    python -m benchmarks.step_cost --steps 1100 --repeats 7
 
-Alternately, in this one process and on one thread, on the digits MLP with in-memory batches (scripts/benchmark.py's
-``cpu-in-memory-1p`` row): ``bare``, the bare Lightning Trainer (scripts/bare_lightning.py), and ``template``, the
+Alternately, in this one process and on one thread, on the digits MLP with in-memory batches (benchmarks/overhead.py's
+``cpu-in-memory-1p`` row): ``bare``, the bare Lightning Trainer (benchmarks/bare_lightning.py), and ``template``, the
 Trainer, module, data and callbacks ``python -m project fit`` builds (its CLI, with the benchmark's flags). Each
 side's figure is the median time between two steps' starts after 100 warm-up steps (a median, so a shared machine's
 one-off stalls do not count), and the sides' medians over ``--repeats``. ``template`` minus ``bare`` is what the
@@ -18,11 +18,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from bare_lightning import fit as bare_fit
-from benchmark import REPO, Config, free_port, launches
 from lightning.pytorch import Callback, LightningModule, Trainer
-from plain_ddp import parse_args as plain_args
 
+from benchmarks.bare_lightning import fit as bare_fit
+from benchmarks.overhead import REPO, Config, free_port, launches
+from benchmarks.plain_ddp import parse_args as plain_args
 from project.cli import build_cli
 
 WARM_UP_STEPS = 100

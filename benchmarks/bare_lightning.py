@@ -4,9 +4,9 @@ A LightningModule with only ``training_step`` and ``configure_optimizers``; no l
 model summary; the same network, data module (loader and sampler), batch, steps, seed and optimizer as
 ``plain_ddp.py`` and the template. Lightning's launcher starts the other processes (``--nprocs``):
 
-    python scripts/bare_lightning.py --nprocs 2 --steps 300 --output-dir /tmp
+    python -m benchmarks.bare_lightning --nprocs 2 --steps 300 --output-dir /tmp
 
-``scripts/benchmark.py`` races it against both; it times steps with the template's ``StepTimer``.
+``benchmarks/overhead.py`` races it against both; it times steps with the template's ``StepTimer``.
 """
 
 import argparse
@@ -14,11 +14,12 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from benchmark import StepTimer
 from lightning.pytorch import Callback, LightningDataModule, LightningModule, Trainer, seed_everything
-from plain_ddp import FILE_PIPELINES, build, file_loader
-from plain_ddp import parse_args as plain_args
 from torch import Tensor, nn
+
+from benchmarks.overhead import StepTimer
+from benchmarks.plain_ddp import FILE_PIPELINES, build, file_loader
+from benchmarks.plain_ddp import parse_args as plain_args
 
 
 class BareModule(LightningModule):

@@ -1,8 +1,8 @@
 """The data path alone: images/s of the template's data modules against plain_ddp.py's hand-written loaders on the
 same files, with no model and no training loop, so that what the loaders cost is told apart from what Lightning's
-loop costs (scripts/benchmark.py races whole training runs).
+loop costs (benchmarks/overhead.py races whole training runs).
 
-    python scripts/benchmark_data.py --batches 300 --repeats 5
+    python -m benchmarks.data --batches 300 --repeats 5
 
 Rows: the digits as PNGs (torchvision's ``ImageFolder``) and as LitData shards, 1 and 2 processes, 0 and 2 workers.
 Each process is a rank of a gloo process group, as in training (LitData shards by it), and loads its own shard of
@@ -24,10 +24,10 @@ from itertools import islice
 from pathlib import Path
 
 import torch.distributed as dist
-from benchmark import REPO, child_env, digit_files
-from lightning.fabric.utilities.data import _set_sampler_epoch
-from plain_ddp import FILE_PIPELINES, endless, file_loader
-from plain_ddp import parse_args as plain_args
+
+from benchmarks.overhead import REPO, child_env, digit_files
+from benchmarks.plain_ddp import FILE_PIPELINES, endless, file_loader
+from benchmarks.plain_ddp import parse_args as plain_args
 
 SIDES = ("plain", "template")
 SEED = 42
@@ -48,10 +48,15 @@ def template_loader(pipeline: str, num_workers: int) -> object:
 
 
 def template_epochs(loader: object) -> object:
-    """Batches epoch after epoch, with Lightning's ``set_epoch`` call at each epoch start."""
+    """Batches epoch after epoch, with the ``set_epoch`` call Lightning makes at each epoch start (on the loader's
+    sampler and its batch sampler's sampler; written out here because Lightning's helper for it is private)."""
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    samplers = {getattr(loader, "sampler", None), getattr(batch_sampler, "sampler", None)} - {None}
     epoch = 0
     while True:
-        _set_sampler_epoch(loader, epoch)
+        for sampler in samplers:
+            if callable(set_epoch := getattr(sampler, "set_epoch", None)):
+                set_epoch(epoch)
         yield from loader
         epoch += 1
 
@@ -80,7 +85,8 @@ def run_side(side: str, pipeline: str, nprocs: int, num_workers: int, batches: i
     """Images/s of one run of one side: ``nprocs`` rank processes of this script."""
     env = child_env(nprocs, threads=1)
     with tempfile.TemporaryDirectory() as output, open(Path(output) / "log", "w") as log:
-        command = [sys.executable, __file__, "--rank-of", side, pipeline, str(num_workers), str(batches), output]
+        command = [sys.executable, "-m", "benchmarks.data", "--rank-of", side, pipeline, str(num_workers), str(batches)]
+        command.append(output)
         ranks = {**env, "WORLD_SIZE": str(nprocs)}
         procs = [
             subprocess.Popen(command, cwd=REPO, env={**ranks, "RANK": str(rank), "LOCAL_RANK": str(rank)}, stderr=log)

@@ -1,8 +1,8 @@
-"""The hand-written PyTorch DDP training script this template replaces; scripts/benchmark.py races the two.
+"""The hand-written PyTorch DDP training script this template replaces; benchmarks/overhead.py races the two.
 
 One process per rank, torchrun style (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT from the environment):
 
-    torchrun --nproc-per-node 2 scripts/plain_ddp.py --steps 300 --output-dir /tmp
+    torchrun --nproc-per-node 2 -m benchmarks.plain_ddp --steps 300 --output-dir /tmp
 
 It trains what ``python -m project fit --config configs/digits.yaml`` trains (same split, sampler, seed, initial
 weights, optimizer; no scheduler, no validation) and each rank writes its timings and final loss as JSON.

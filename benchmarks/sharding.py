@@ -1,6 +1,6 @@
 """FSDP2 against DDP on the same model and processes: memory per rank, and the training stall per checkpoint.
 
-    python scripts/benchmark_sharding.py --repeats 3          # JSON to runs/benchmark_sharding/results.json
+    python -m benchmarks.sharding --repeats 3          # JSON to runs/benchmark_sharding/results.json
 
 - memory: after a few steps, each rank's bytes of parameters, gradients and optimizer state (its own shards under
   FSDP2) and its peak RSS, for DDP and FSDP2 on 2 processes; the ratio of model-state bytes FSDP2 / DDP.
@@ -9,7 +9,7 @@
   waiting for the previous background save), median over the saves of every repeat, against the synchronous save.
 
 The model is the digits MLP made wide (hidden sizes 4096, 4096: 17M parameters, a 134 MB checkpoint with SGD's
-momentum), real fits of ``python -m project fit`` with a probe callback (this file, on PYTHONPATH).
+momentum), real fits of ``python -m project fit`` with a probe callback (this module, by class path).
 """
 
 import argparse
@@ -81,7 +81,7 @@ class SaveTimer(Callback):
 
 
 def fit(workdir: Path, *flags: str) -> None:
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "project", "fit", "--config", str(REPO / "configs" / "digits.yaml"), *WIDE]
     command += ["--trainer.default_root_dir", str(workdir), "--trainer.devices", "2", *flags]
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
@@ -94,7 +94,7 @@ def memory(workdir: Path) -> dict[str, Any]:
     for side, flags in (("ddp", []), ("fsdp2", FSDP)):
         out = workdir / f"memory-{side}"
         out.mkdir(parents=True)
-        probe = ["--trainer.callbacks+=benchmark_sharding.MemoryProbe", "--trainer.callbacks.output_dir", str(out)]
+        probe = ["--trainer.callbacks+=benchmarks.sharding.MemoryProbe", "--trainer.callbacks.output_dir", str(out)]
         fit(out, *flags, *probe, "--trainer.max_steps", "4", "--checkpoint.save_last", "false")
         rows[side] = [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     state = {
@@ -110,7 +110,7 @@ def stall(workdir: Path, repeats: int, steps: int, every: int) -> dict[str, Any]
         for side in ("sync", "async"):  # alternating
             out = workdir / f"stall-{side}-{repeat}"
             out.mkdir(parents=True)
-            timer = ["--trainer.callbacks+=benchmark_sharding.SaveTimer", "--trainer.callbacks.output_dir", str(out)]
+            timer = ["--trainer.callbacks+=benchmarks.sharding.SaveTimer", "--trainer.callbacks.output_dir", str(out)]
             checkpoints = ["--checkpoint.every_n_train_steps", str(every), "--checkpoint.save_top_k", "0"]
             flags = [*FSDP, "--trainer.strategy.init_args.async_save", str(side == "async").lower(), *checkpoints]
             fit(out, *flags, *timer, "--trainer.max_steps", str(steps), "--trainer.limit_val_batches", "0")
