@@ -103,8 +103,8 @@ def known_names() -> frozenset[str]:
                 names.add(node.attr)
             elif isinstance(node, ast.Constant) and isinstance(node.value, str):
                 names |= set(re.findall(r"\w+", node.value))
-    others = [*(REPO / "configs").glob("*.yaml"), *(REPO / "scripts").glob("*.s*"), *(REPO / "tests" / "fixtures").glob("*.sh")]
-    others.append(REPO / "pyproject.toml")
+    others = [*(REPO / "configs").glob("*.yaml"), *(REPO / "scripts").glob("*.s*"), REPO / "pyproject.toml"]
+    others += (REPO / "tests" / "fixtures").glob("*.sh")
     names |= {word for path in others for word in re.findall(r"\w+", path.read_text())}
     with warnings.catch_warnings():  # reading deprecated module attributes warns
         warnings.simplefilter("ignore")
