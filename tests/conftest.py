@@ -4,6 +4,7 @@ import contextlib
 import csv
 import io
 import logging
+import multiprocessing
 import os
 import shutil
 import signal
@@ -29,6 +30,49 @@ REPO = Path(__file__).resolve().parents[1]
 DIGITS_CONFIG = REPO / "configs" / "digits.yaml"
 # Variables Lightning or a launcher leaves behind; a leftover LOCAL_RANK fakes an external launcher.
 LAUNCHER_VARS = ("LOCAL_RANK", "NODE_RANK", "GLOBAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "PL_GLOBAL_SEED")
+
+
+SLOW_RULE = "mark it slow (@pytest.mark.slow, or pytestmark = pytest.mark.slow for a file): docs/development.md"
+
+
+@contextlib.contextmanager
+def no_python_processes(test: str):
+    """Refuses, in a test not marked slow, what starts a Python process (a fork, a multiprocessing worker, a warm or
+    fresh interpreter): the fast subset (`-m "not slow"`) stays fast because no test in it can start one."""
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise RuntimeError(f"{test} starts a process: {SLOW_RULE}")
+
+    popen_init = subprocess.Popen.__init__
+
+    def popen_unless_python(self: subprocess.Popen, args: object, *rest: object, **kwargs: object) -> None:
+        program = args if isinstance(args, str | os.PathLike) else args[0]
+        if "python" in Path(str(program).split()[0]).name:
+            refuse()
+        popen_init(self, args, *rest, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(subprocess.Popen, "__init__", popen_unless_python)
+        patch.setattr(os, "fork", refuse)
+        patch.setattr(multiprocessing.process.BaseProcess, "start", refuse)
+        patch.setattr(WarmServer, "start", refuse)
+        yield
+
+
+def process_guard(item: pytest.Item) -> contextlib.AbstractContextManager:
+    return contextlib.nullcontext() if item.get_closest_marker("slow") else no_python_processes(item.nodeid)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item):  # module-scoped fixtures run here: a shared run counts too
+    with process_guard(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    with process_guard(item):
+        return (yield)
 
 
 @pytest.fixture(autouse=True)

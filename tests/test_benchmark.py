@@ -7,6 +7,8 @@ import sys
 import pytest
 from conftest import REPO, project_env
 
+pytestmark = pytest.mark.slow  # every test here starts processes or trains for seconds
+
 CONFIG = "cpu-in-memory-1p"  # one rank: three fresh interpreters, not five (tests/test_gradient_sync.py: 2 ranks)
 
 

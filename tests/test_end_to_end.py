@@ -9,6 +9,8 @@ from conftest import REPO, exec_project, last_checkpoint, quick_args, run_projec
 
 from project.data import DigitsDataModule
 
+pytestmark = pytest.mark.slow  # every test here starts processes or trains for seconds
+
 
 @pytest.fixture(scope="module")
 def ddp_run(tmp_path_factory):

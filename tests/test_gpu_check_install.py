@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO, project_env
 
+pytestmark = pytest.mark.slow  # every test here starts processes or trains for seconds
+
 NODE_PACKAGES = ("torch", "lightning", "torchmetrics", "scikit-learn")
 VENV_OWN = {"pip", "setuptools", "wheel"}  # a fresh venv has its own
 ROOT_OUTPUTS = {".git", ".venv", "runs", "data", "wheels", "build", "dist"}  # .gitignore's, and git's own folder

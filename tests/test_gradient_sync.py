@@ -1,10 +1,13 @@
 """DDP averages gradients: 2 ranks with batch B must train exactly like 1 rank with batch 2B."""
 
+import pytest
 import torch
 from conftest import REPO, last_checkpoint, quick_args, run_project
 from lightning.pytorch import seed_everything
 
 from project.networks import MLP
+
+pytestmark = pytest.mark.slow  # every test here starts processes or trains for seconds
 
 STEPS, BATCH = 8, 16
 

@@ -5,6 +5,8 @@ import re
 import pytest
 from conftest import DIGITS_CONFIG, REPO, exec_project, run_project
 
+pytestmark = pytest.mark.slow  # every test here starts processes or trains for seconds
+
 # How Python (and Lightning's rank_zero_warn) print a warning: "path/to/file.py:LINE: [Category: ]message".
 WARNING_LINE = re.compile(r"^\S+\.py:\d+: ", re.MULTILINE)
 

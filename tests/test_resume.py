@@ -133,6 +133,7 @@ def trained(checkpoint: Path) -> tuple[int, dict[str, torch.Tensor]]:
     return saved["global_step"], saved["state_dict"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", CASES)
 def test_a_resumed_run_ends_with_the_uninterrupted_runs_weights(name, images, shards, tmp_path):
     case = CASES[name]

@@ -28,7 +28,7 @@ from slurm_cluster import (  # noqa: F401 (slurm_cluster: the fixture)
     wait_job,
 )
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 TESTS = str(Path(__file__).parent)
 SBATCH_SCRIPT = REPO / "scripts" / "slurm.sbatch"

@@ -3,12 +3,15 @@ target, and a compiled run's checkpoint loads and evaluates in an uncompiled mod
 
 import json
 
+import pytest
 import torch
 from conftest import checkpoint_dir, quick_args, run_folder, run_in_process
 from lightning.pytorch import Trainer
 
 from project.data import DigitsDataModule
 from project.module import ClassificationModule
+
+pytestmark = pytest.mark.slow  # every test here starts processes or trains for seconds
 
 
 def fit_and_test(root, *flags: str) -> float:
