@@ -1,14 +1,13 @@
 """The experiment workflow: trackers on a real store (MLflow on SQLite, W&B offline), and the preset overlays
 (best, ema, debug, profile), each run for real and read back."""
 
-import csv
 import json
 import os
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, checkpoint_dir, quick_args, run_folder, run_in_process, run_project
+from conftest import REPO, checkpoint_dir, metric_values, quick_args, run_folder, run_in_process, run_project
 
 from project.runtime.faults import wait_until
 
@@ -17,11 +16,6 @@ CONFIGS = REPO / "configs"
 
 def overlay(name: str) -> list[str]:
     return ["--config", str(CONFIGS / f"{name}.yaml")]
-
-
-def csv_metric(folder: Path, name: str) -> list[float]:
-    with (folder / "metrics.csv").open(newline="") as file:
-        return [float(row[name]) for row in csv.DictReader(file) if row.get(name)]
 
 
 # MLflow: a 2-process fit, resumed for a second epoch, a rerun, and a test; read back with mlflow's own API.
@@ -61,7 +55,9 @@ def test_mlflow_holds_one_run_per_run_folder_with_the_config_and_the_csv_metrics
     assert run.data.params["trainer.devices"] == "2" and run.data.params["model.optimizer.init_args.lr"] == "0.1"
     assert run.data.params["trainer.max_epochs"] == "1"  # the first attempt's config; the resumed one is beside it
     history = [metric.value for metric in client.get_metric_history(run.info.run_id, "val_acc")]
-    assert history == pytest.approx(csv_metric(first, "val_acc"), abs=1e-6) and len(history) == 2  # resumed: 2 epochs
+    assert (
+        history == pytest.approx(metric_values(first, "val_acc"), abs=1e-6) and len(history) == 2
+    )  # resumed: 2 epochs
     test_acc = json.loads((test / "test_metrics.json").read_text())["test_acc"]
     assert found[tracker_run_id(test)].data.metrics["test_acc"] == pytest.approx(test_acc, abs=1e-6)
     assert "last" in {artifact.path for artifact in client.list_artifacts(run.info.run_id)}  # the checkpoint

@@ -20,6 +20,7 @@ import pytest
 import torch
 from conftest import (
     REPO,
+    assert_same_weights,
     checkpoint_dir,
     finish,
     free_port,
@@ -123,9 +124,7 @@ def assert_same_end(uninterrupted: Uninterrupted, run_dir: Path) -> None:
     holds each step once: the rows logged after the checkpoint it resumed from were dropped."""
     final = torch.load(last_checkpoint(run_dir), weights_only=True)
     assert final["global_step"] == 20 and len(list(run_dir.glob("lightning_logs/version_*"))) == 1
-    assert final["state_dict"].keys() == uninterrupted.weights.keys()
-    for name, value in uninterrupted.weights.items():
-        assert torch.equal(final["state_dict"][name], value), name
+    assert_same_weights(final["state_dict"], uninterrupted.weights)
     assert logged_metrics(run_dir) == uninterrupted.logged
 
 

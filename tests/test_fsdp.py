@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, last_checkpoint, quick_args, run_folder, run_project
+from conftest import REPO, assert_same_weights, last_checkpoint, quick_args, run_folder, run_project
 from test_faults import RESUMABLE, fail_at, fit
 
 from project.runs.checkpointing import load_sharded_as_full, recover_interrupted_save
@@ -23,13 +23,6 @@ TRAINED = (*RESUMABLE, "--model.scheduler.init_args.total_steps", "200")
 def full(path: Path) -> dict:
     """A checkpoint as one dict: a sharded folder gathered, a file loaded."""
     return load_sharded_as_full(path) if path.is_dir() else torch.load(path, weights_only=True)
-
-
-def assert_same_weights(first: dict, second: dict) -> None:
-    assert first.keys() == second.keys()
-    assert all(torch.equal(first[name], second[name]) for name in first), [
-        name for name in first if not torch.equal(first[name], second[name])
-    ]
 
 
 def metrics_of(run_dir: Path, *args: str) -> dict:

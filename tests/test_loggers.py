@@ -1,7 +1,6 @@
 """What a run leaves to look at: CSV metrics with the learning rate, a PNG of the curves, TensorBoard
 events when selected; and the interactive defaults (Rich progress bar), each of which can be turned off."""
 
-import csv
 import importlib.util
 import math
 import struct
@@ -9,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import DIGITS_CONFIG, REPO, quick_args, run_project
+from conftest import DIGITS_CONFIG, REPO, metrics_rows, quick_args, run_folder, run_project
 from lightning.pytorch.callbacks import LearningRateMonitor, RichProgressBar
 
 from project.cli import ProjectCLI
@@ -36,13 +35,8 @@ def csv_run(tmp_path_factory):
     return run_dir
 
 
-def read_rows(run_dir) -> list[dict[str, str]]:
-    with (run_dir / "lightning_logs" / "version_0" / "metrics.csv").open(newline="") as file:
-        return list(csv.DictReader(file))
-
-
 def test_csv_log_holds_epoch_metrics_and_the_learning_rate_per_step_a_cosine_to_the_run_end(csv_run):
-    rows = read_rows(csv_run)
+    rows = metrics_rows(run_folder(csv_run, 0))
     assert [float(r["val_acc"]) > 0.3 for r in rows if r["val_acc"]] == [True, True]
     assert len([r for r in rows if r["train_acc"]]) == 2
     # digits.yaml: WarmupCosineLR from lr 0.1 over the run's 40 steps (2 epochs of 20), no warm-up, logged by the
@@ -52,7 +46,7 @@ def test_csv_log_holds_epoch_metrics_and_the_learning_rate_per_step_a_cosine_to_
 
 
 def test_plot_metrics_takes_the_epoch_losses_and_the_log_has_the_step_losses_too(csv_run):
-    rows = read_rows(csv_run)
+    rows = metrics_rows(run_folder(csv_run, 0))
     curves = load_plot_metrics().per_epoch(csv_run / "lightning_logs" / "version_0" / "metrics.csv")
     [epoch0_loss] = [float(r["train_loss"]) for r in rows if r["train_loss"] and r["epoch"] == "0"]
     assert curves["train_loss"][0] == pytest.approx(epoch0_loss)

@@ -1,8 +1,6 @@
-import csv
-
 import pytest
 import torch
-from conftest import REPO, last_checkpoint, quick_args, run_folder, run_project
+from conftest import REPO, last_checkpoint, metric_values, quick_args, run_folder, run_project
 from lightning.pytorch import Trainer
 from torch import nn
 
@@ -68,8 +66,7 @@ def test_train_acc_counts_every_sample_of_every_rank_once(tmp_path):
     flags += ("--model.optimizer.init_args.lr", "0", "--model.scheduler", "null")
     result = run_project("fit", *quick_args(tmp_path, *flags), cwd=REPO)
     assert result.returncode == 0, result.stderr[-3000:]
-    with (run_folder(tmp_path) / "metrics.csv").open(newline="") as file:
-        [logged] = [float(row["train_acc"]) for row in csv.DictReader(file) if row["train_acc"]]
+    [logged] = metric_values(run_folder(tmp_path), "train_acc")
     module = ClassificationModule.load_from_checkpoint(last_checkpoint(tmp_path))
     data = DigitsDataModule()
     data.setup("fit")

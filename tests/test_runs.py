@@ -1,11 +1,9 @@
 """Reruns never collide: every fit is a new run folder beside the earlier ones, `--ckpt_path last` is the newest
 run's last.ckpt, and a resumed fit continues its own run's folder and logs."""
 
-import csv
-
 import pytest
 import torch
-from conftest import quick_args, run_folder
+from conftest import metrics_rows, quick_args, run_folder
 from conftest import run_in_process as project
 
 
@@ -39,8 +37,7 @@ def test_fit_ckpt_path_last_resumes_the_newest_run_in_its_own_folder(runs):
     assert torch.load(last, weights_only=True)["global_step"] == 40
     assert (run_folder(root, 1) / "checkpoints" / "epoch=1-step=40.ckpt").is_file()
     # Its logs continue the run's metrics.csv (epochs 0 and 1); its first config.yaml is kept beside this attempt's.
-    with (run_folder(root, 1) / "metrics.csv").open(newline="") as file:
-        epochs = {row["epoch"] for row in csv.DictReader(file) if row["val_acc"]}
+    epochs = {row["epoch"] for row in metrics_rows(run_folder(root, 1)) if row["val_acc"]}
     assert epochs == {"0", "1"}
     assert "max_epochs: 1\n" in (run_folder(root, 1) / "config.yaml").read_text()
     assert "max_epochs: 2\n" in (run_folder(root, 1) / "config.resume-1.yaml").read_text()

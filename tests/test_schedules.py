@@ -6,7 +6,7 @@ import sys
 
 import pytest
 import torch
-from conftest import DIGITS_CONFIG, REPO, last_checkpoint, project_env, quick_args, run_project
+from conftest import DIGITS_CONFIG, REPO, assert_same_weights, last_checkpoint, project_env, quick_args, run_project
 from torch import nn
 
 from project.__main__ import main
@@ -86,5 +86,4 @@ def test_a_run_killed_mid_warm_up_resumes_to_the_same_weights(tmp_path):
     ends = [torch.load(last_checkpoint(tmp_path / name)) for name in ("whole", "resumed")]
     assert [end["global_step"] for end in ends] == [40, 40]
     assert [end["lr_schedulers"][0]["total_steps"] for end in ends] == [40, 40]
-    for name, value in ends[0]["state_dict"].items():
-        assert torch.equal(ends[1]["state_dict"][name], value), name
+    assert_same_weights(ends[1]["state_dict"], ends[0]["state_dict"])

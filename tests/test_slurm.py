@@ -2,7 +2,6 @@
 scheduler's srun starting one task per node, its signals, requeues and job arrays. Every run resumed after the scheduler
 stopped it must end with the weights of the uninterrupted run."""
 
-import csv
 import math
 import os
 import re
@@ -17,7 +16,17 @@ import optuna
 import pytest
 import torch
 import yaml
-from conftest import REPO, last_checkpoint, logged_metrics, run_folder, run_project
+from conftest import (
+    REPO,
+    assert_same_weights,
+    last_checkpoint,
+    last_weights,
+    logged_metrics,
+    metric_values,
+    metrics_rows,
+    run_folder,
+    run_project,
+)
 from slurm_cluster import (  # noqa: F401 (slurm_cluster: the fixture)
     job_output,
     job_state,
@@ -76,19 +85,8 @@ def finished(job: str, out: Path, timeout: float = 300) -> tuple[dict, str]:
     return state, job_output(out / f"slurm-{job}.out")
 
 
-def weights(run_dir: Path) -> dict[str, torch.Tensor]:
-    return torch.load(last_checkpoint(run_dir), map_location="cpu", weights_only=True)["state_dict"]
-
-
-def assert_same_weights(run_dir: Path, reference: dict[str, torch.Tensor]) -> None:
-    resumed = weights(run_dir)
-    assert resumed.keys() == reference.keys()
-    assert all(torch.equal(resumed[name], reference[name]) for name in reference)  # bit-identical
-
-
 def logged_steps(run_dir: Path) -> list[int]:
-    with (run_folder(run_dir) / "metrics.csv").open(newline="") as file:
-        return [int(row["step"]) for row in csv.DictReader(file) if row.get("train_loss")]
+    return [int(row["step"]) for row in metrics_rows(run_folder(run_dir)) if row.get("train_loss")]
 
 
 def wait_for(path: Path, timeout: float = 120) -> None:
@@ -139,7 +137,7 @@ def test_a_job_that_reaches_its_time_limit_is_requeued_and_loses_nothing(referen
     assert f"SLURM job {job}, requeued 1 time(s): resuming from" in text
     checkpoint = torch.load(last_checkpoint(run_dir), map_location="cpu", weights_only=True)
     assert checkpoint["global_step"] == EPOCHS * STEPS_PER_EPOCH  # not one optimizer step lost
-    assert_same_weights(run_dir, weights(reference[0]))
+    assert_same_weights(last_weights(run_dir), last_weights(reference[0]))
     assert [path.name for path in (run_dir / "lightning_logs").iterdir()] == ["version_0"]  # one run folder
     steps = logged_steps(run_dir)
     assert len(steps) == len(set(steps)) and steps  # no step logged twice
@@ -178,7 +176,7 @@ def test_a_job_the_scheduler_stops_saves_the_step_every_rank_stopped_at_and_resu
         resumed = submit(tmp_path, run_dir, fit=("--ckpt_path", "last"))
         state, text = finished(resumed, tmp_path)
         assert (state["state"], state["exit_code"]) == ("COMPLETED", 0), f"{state}\n{text[-4000:]}"
-    assert_same_weights(run_dir, weights(reference[0]))
+    assert_same_weights(last_weights(run_dir), last_weights(reference[0]))
     assert [path.name for path in (run_dir / "lightning_logs").iterdir()] == ["version_0"]
 
 
@@ -232,8 +230,7 @@ def test_a_sweep_runs_its_trials_as_a_job_array_and_its_best_config_reruns(slurm
     assert yaml.safe_load(best.read_text())["trainer"]["max_epochs"] == 2
     rerun = run_project("fit", "--config", str(best), "--trainer.default_root_dir", str(tmp_path / "rerun"), cwd=REPO)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
-    with (run_folder(tmp_path / "rerun") / "metrics.csv").open(newline="") as file:
-        [*_, last] = [float(row["val_acc"]) for row in csv.DictReader(file) if row.get("val_acc")]
+    [*_, last] = metric_values(run_folder(tmp_path / "rerun"), "val_acc")
     assert last == pytest.approx(study.best_value, abs=1e-6)
 
 
@@ -334,6 +331,6 @@ def test_a_job_hit_by_every_fault_heals_itself_and_ends_as_the_uninterrupted_one
     assert len(restarts) == 4, restarts
     checkpoint = torch.load(last_checkpoint(run_dir), map_location="cpu", weights_only=True)
     assert checkpoint["global_step"] == EPOCHS * STEPS_PER_EPOCH
-    assert_same_weights(run_dir, weights(reference[0]))
+    assert_same_weights(last_weights(run_dir), last_weights(reference[0]))
     assert [path.name for path in (run_dir / "lightning_logs").iterdir()] == ["version_0"]
     assert logged_metrics(run_dir) == logged_metrics(reference[0])

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import last_checkpoint, quick_args
+from conftest import assert_same_weights, last_weights, quick_args
 from lightning.pytorch import Callback, LightningModule, Trainer
 
 from project.__main__ import main
@@ -30,8 +30,7 @@ class RecordsSetup(Callback):
 def _fit(run_dir, *flags: str) -> tuple[dict, dict[str, torch.Tensor]]:
     record = "--trainer.callbacks+=test_strategy.RecordsSetup"
     main(["fit", *quick_args(run_dir, "--trainer.max_epochs", "2", record, *flags)])
-    weights = torch.load(last_checkpoint(run_dir), weights_only=True)["state_dict"]
-    return RecordsSetup.seen, weights
+    return RecordsSetup.seen, last_weights(run_dir)
 
 
 @pytest.fixture(autouse=True)
@@ -49,5 +48,4 @@ def test_one_process_skips_ddp_and_matches_lightnings_ddp_strategy_bit_for_bit(t
     lightnings_flags = ("--trainer.strategy.class_path", "lightning.pytorch.strategies.DDPStrategy")
     theirs, their_weights = _fit(tmp_path / "lightning", *lightnings_flags)
     assert theirs == {"wrapped": True, "strategy": "lightning.pytorch.strategies.ddp"}
-    assert our_weights.keys() == their_weights.keys()
-    assert all(torch.equal(our_weights[name], their_weights[name]) for name in our_weights)
+    assert_same_weights(our_weights, their_weights)

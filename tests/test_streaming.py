@@ -8,7 +8,16 @@ import sys
 
 import pytest
 import torch
-from conftest import REPO, last_checkpoint, project_env, quick_args, run_folder, run_project
+from conftest import (
+    REPO,
+    assert_same_weights,
+    last_checkpoint,
+    last_weights,
+    project_env,
+    quick_args,
+    run_folder,
+    run_project,
+)
 
 pytest.importorskip("torchvision")
 sys.path.insert(0, str(REPO / "scripts"))
@@ -118,10 +127,7 @@ def test_a_run_killed_mid_epoch_resumes_to_the_same_weights(uninterrupted, shard
     assert torch.load(last, weights_only=True)["global_step"] == 12  # mid-epoch 1, at its fourth batch
     resumed = fit(run_dir, shards, "--ckpt_path", str(last))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    final = torch.load(last_checkpoint(run_dir), weights_only=True)["state_dict"]
-    expected = torch.load(last_checkpoint(uninterrupted), weights_only=True)["state_dict"]
-    for name, value in expected.items():
-        assert torch.equal(final[name], value), name
+    assert_same_weights(last_weights(run_dir), last_weights(uninterrupted))
 
 
 def test_shards_of_another_schema_are_refused_naming_them(shards, tmp_path):

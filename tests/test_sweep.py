@@ -1,7 +1,6 @@
 """Optuna sweeps through the real CLI: a study in SQLite that survives a stop, trials that are real fits, the best
 config that reruns to its recorded accuracy, and bad input refused before any training."""
 
-import csv
 import json
 import subprocess
 import sys
@@ -10,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
-from conftest import DIGITS_CONFIG, run_folder, run_in_process, run_project
+from conftest import DIGITS_CONFIG, metric_values, run_folder, run_in_process, run_project
 
 optuna = pytest.importorskip("optuna")
 
@@ -80,8 +79,7 @@ def test_the_best_config_reruns_to_the_recorded_accuracy(stopped_and_resumed, tm
     best = optuna.load_study(study_name="sweep", storage=f"sqlite:///{sweep_dir}/sweep.db").best_trial
     config = sweep_dir / "runs" / "sweep" / "best.yaml"
     run_in_process("fit", "--config", str(config), "--trainer.default_root_dir", str(tmp_path))
-    with (run_folder(tmp_path) / "metrics.csv").open(newline="") as file:
-        val_acc = [float(row["val_acc"]) for row in csv.DictReader(file) if row["val_acc"]]
+    val_acc = metric_values(run_folder(tmp_path), "val_acc")
     assert val_acc[-1] == pytest.approx(best.value, abs=1e-6)
 
 

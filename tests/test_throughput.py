@@ -1,11 +1,9 @@
 """What a run reports of its speed (samples/s, model TFLOP/s, MFU where the GPU's peak is known), and in-memory data
 kept on the training device."""
 
-import csv
-
 import pytest
 import torch
-from conftest import quick_args, run_folder, run_in_process
+from conftest import metrics_rows, quick_args, run_folder, run_in_process
 from lightning.pytorch import Trainer
 
 from project.data import DigitsDataModule
@@ -21,8 +19,7 @@ MLP_FLOPS = 3 * 2 * LAYERS - 2 * 64 * 128
 
 
 def logged(root) -> list[dict[str, str]]:
-    with open(run_folder(root) / "metrics.csv") as file:
-        return [row for row in csv.DictReader(file) if row["samples_per_sec"]]
+    return [row for row in metrics_rows(run_folder(root)) if row["samples_per_sec"]]
 
 
 def test_flops_are_counted_on_meta_tensors_without_drawing_random_numbers():
