@@ -37,8 +37,10 @@ SLOW_RULE = "mark it slow (@pytest.mark.slow, or pytestmark = pytest.mark.slow f
 
 @contextlib.contextmanager
 def no_python_processes(test: str):
-    """Refuses, in a test not marked slow, what starts a Python process (a fork, a multiprocessing worker, a warm or
-    fresh interpreter): the fast subset (`-m "not slow"`) stays fast because no test in it can start one."""
+    """Refuses, in a test not marked slow, what starts a process (a fork, a multiprocessing worker, a warm or fresh
+    interpreter, a launcher or script): the fast subset (`-m "not slow"`) stays fast because no test in it can start
+    one. Allowed: `git` queries, and a `python -c` query, as jsonargparse's stub resolver (typeshed_client) asks the
+    interpreter its sys.path once."""
 
     def refuse(*args: object, **kwargs: object) -> None:
         raise RuntimeError(f"{test} starts a process: {SLOW_RULE}")
@@ -46,8 +48,9 @@ def no_python_processes(test: str):
     popen_init = subprocess.Popen.__init__
 
     def popen_unless_python(self: subprocess.Popen, args: object, *rest: object, **kwargs: object) -> None:
-        program = args if isinstance(args, str | os.PathLike) else args[0]
-        if "python" in Path(str(program).split()[0]).name:
+        argv = str(args).split() if isinstance(args, str | os.PathLike) else [str(arg) for arg in args]
+        program = Path(argv[0]).name
+        if program != "git" and not (program.startswith("python") and argv[1:2] == ["-c"]):
             refuse()
         popen_init(self, args, *rest, **kwargs)
 

@@ -29,6 +29,7 @@ for i in range(start, start + 1000):
 """
 
 
+@pytest.mark.slow
 def test_killing_the_process_mid_save_leaves_the_previous_checkpoint_readable(tmp_path):
     ckpt, partial = tmp_path / "last.ckpt", tmp_path / ".last.ckpt.partial"
     AtomicCheckpointIO().save_checkpoint({"i": -1, "w": torch.zeros(1)}, ckpt)

@@ -246,6 +246,7 @@ def tiny_image_args(run_dir, root, *extra: str) -> list[str]:
     )
 
 
+@pytest.mark.slow
 def test_images_of_mixed_sizes_are_refused_before_a_run_with_the_option_that_resizes_them(capsys, tmp_path):
     pytest.importorskip("torchvision")
     root = write_images(tmp_path / "mixed", [8, 8, 12])
@@ -254,6 +255,7 @@ def test_images_of_mixed_sizes_are_refused_before_a_run_with_the_option_that_res
     assert "--data.init_args.image_size" in stderr and len(stderr.splitlines()) <= ONE_SCREEN, stderr
 
 
+@pytest.mark.slow
 def test_a_network_that_cannot_take_the_datas_input_is_refused_with_the_shape(capsys, tmp_path, tiny_images):
     """squeezenet's pooling leaves nothing of an 8x8 image: said before training, with the shape."""
     flags = ("--model.network", TORCHVISION, "--model.network.init_args.name", "squeezenet1_0")
@@ -270,6 +272,7 @@ def resnet_run(tiny_images, tmp_path_factory):
     return root
 
 
+@pytest.mark.slow
 def test_a_torchvision_model_trains_by_config_with_the_datas_classes(resnet_run):
     checkpoint = torch.load(last_checkpoint(resnet_run), weights_only=True)
     assert checkpoint["global_step"] == 3  # 9 training images (12 less 1 val, 2 test) in batches of 3
@@ -277,6 +280,7 @@ def test_a_torchvision_model_trains_by_config_with_the_datas_classes(resnet_run)
     assert checkpoint["hyper_parameters"]["network"]["init_args"]["name"] == "resnet18"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("command", "which"), [("test", "last"), ("fit", "auto")])
 def test_ckpt_path_last_refuses_another_experiments_checkpoint_naming_the_run(
     capsys, resnet_run, tiny_images, command, which
@@ -294,6 +298,7 @@ def test_ckpt_path_last_refuses_another_experiments_checkpoint_naming_the_run(
     assert sorted(resnet_run.rglob("*")) == before
 
 
+@pytest.mark.slow
 def test_ckpt_path_last_refuses_a_checkpoint_made_for_other_data_saying_what_differs(capsys, resnet_run, tmp_path):
     """The same network on three classes: the run found in the folder trained for two."""
     three_classes = write_images(tmp_path / "three", [8] * 4, classes="abc")
@@ -307,6 +312,7 @@ def test_ckpt_path_last_refuses_a_checkpoint_made_for_other_data_saying_what_dif
     assert not run_folder(resnet_run, 1).exists()
 
 
+@pytest.mark.slow
 def test_a_run_that_fails_at_its_first_step_leaves_no_run_folder(resnet_run):
     """Nothing but its start files would be left: an empty run would be the newest, for --ckpt_path last."""
     before = sorted(resnet_run.rglob("*"))
@@ -315,6 +321,7 @@ def test_a_run_that_fails_at_its_first_step_leaves_no_run_folder(resnet_run):
     assert sorted(resnet_run.rglob("*")) == before  # the earlier run is untouched, and no version_1
 
 
+@pytest.mark.slow
 def test_a_run_that_fails_at_its_first_step_into_a_new_root_leaves_nothing(tmp_path):
     with pytest.raises(RuntimeError, match="out of memory at the first step"):
         run_in_process("fit", *quick_args(tmp_path / "run", "--model.network", f"{__name__}.FailsToTrain"))

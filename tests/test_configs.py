@@ -1,5 +1,6 @@
 """Every shipped config parses into real constructor arguments (jsonargparse rejects unknown keys)."""
 
+import pytest
 import yaml
 from conftest import DIGITS_CONFIG, REPO, run_project
 
@@ -11,6 +12,7 @@ def _print_config(*configs) -> dict:
     return yaml.safe_load(result.stdout)
 
 
+@pytest.mark.slow
 def test_gpu_overlay_selects_nccl_ddp_on_all_gpus():
     config = _print_config(DIGITS_CONFIG, REPO / "configs" / "gpu.yaml")
     trainer = config["trainer"]

@@ -51,6 +51,7 @@ def test_any_dataset_splits_off_only_the_missing_splits_and_keeps_the_given_ones
         DatasetDataModule(train)
 
 
+@pytest.mark.slow
 def test_the_dataloader_path_yields_the_fast_paths_batches():
     fast, loader = _setup(batch_size=100), _setup(batch_size=100, in_memory=False, num_workers=1)
     assert isinstance(loader.test_dataloader(), StatefulDataLoader)

@@ -43,6 +43,7 @@ def assert_bandwidth_reported(output: str, world: int) -> None:
     assert f"all-reduce check PASSED: every element must equal 1 + ... + {world} = {world * (world + 1) // 2}" in output
 
 
+@pytest.mark.slow
 def test_two_processes_pass_the_check_and_report_bandwidth():
     result = run_project("doctor", "--nprocs", "2", *SMALL, cwd=REPO, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -52,6 +53,7 @@ def test_two_processes_pass_the_check_and_report_bandwidth():
     assert_bandwidth_reported(result.stdout, world=2)
 
 
+@pytest.mark.slow
 def test_srun_tasks_get_their_ranks_from_slurm_and_the_debug_switch_reaches_torch():
     env = slurm_allocation(nodes=2, tasks_per_node=2, PROJECT_DIST_DEBUG="1")
     result = subprocess.run(
@@ -71,6 +73,7 @@ def test_srun_tasks_get_their_ranks_from_slurm_and_the_debug_switch_reaches_torc
     assert_bandwidth_reported(result.stdout, world=4)
 
 
+@pytest.mark.slow
 def test_missing_or_unreachable_peers_fail_within_the_timeout():
     timeout = 5
     lone_port, nobody_port, short_port = free_port(), free_port(), free_port()
@@ -97,6 +100,7 @@ def test_missing_or_unreachable_peers_fail_within_the_timeout():
     assert time.monotonic() - start >= timeout  # they waited for the peers before giving up
 
 
+@pytest.mark.slow
 def test_single_process_reports_and_says_how_to_launch_distributed():
     result = run_project("doctor", cwd=REPO, timeout=60)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -68,6 +68,7 @@ def fail_at(step: int, rank: int, action: str) -> list[str]:
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("rank", "action", "named"),
     [
@@ -87,6 +88,7 @@ def test_a_failed_rank_ends_every_process_quickly_and_is_named(tmp_path, rank, a
     assert processes_left(result) == []
 
 
+@pytest.mark.slow
 def test_a_nan_loss_stops_training_naming_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
     exit_file = tmp_path / "outcome.tsv"
     result, _ = fit(tmp_path, "--model.optimizer.init_args.lr", "1000", "--trainer.max_epochs", "3", outcome=exit_file)
@@ -139,6 +141,7 @@ def assert_ends_as(uninterrupted: Uninterrupted, run_dir: Path, resumed: subproc
     assert_same_end(uninterrupted, run_dir)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("checkpointing", "kill_step", "resume_step"),
     [
@@ -157,6 +160,7 @@ def test_a_killed_run_resumes_to_the_same_weights(uninterrupted, tmp_path, check
     assert_resumes_to(uninterrupted, run_dir, *checkpointing)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signalled", [0, 1], ids=["rank0", "rank1"])
 def test_sigterm_to_one_rank_stops_every_rank_at_the_same_step_saves_it_and_resumes_exactly(
     uninterrupted, tmp_path, signalled
@@ -212,6 +216,7 @@ def fit_with_ctrl_c(run_dir: Path, presses: int, to_group: bool, *extra: str, st
     return stopped, time.monotonic() - pressed
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("to_group", [False, True], ids=["to-the-launcher", "to-the-process-group"])
 def test_ctrl_c_stops_every_rank_at_one_step_saves_it_and_the_printed_command_resumes_exactly(
     uninterrupted, tmp_path, to_group
@@ -238,6 +243,7 @@ def test_ctrl_c_stops_every_rank_at_one_step_saves_it_and_the_printed_command_re
     assert_ends_as(uninterrupted, run_dir, resumed)
 
 
+@pytest.mark.slow
 def test_a_second_ctrl_c_stops_every_process_at_once_without_saving(tmp_path):
     """Ctrl-C twice to the process group after step 13: no wait for the agreed step 16; every process ends, the run
     exits 130, last.ckpt stays the epoch-end one (step 10) and no partial file is left."""
@@ -254,6 +260,7 @@ def test_a_second_ctrl_c_stops_every_process_at_once_without_saving(tmp_path):
     assert re.search(resume, stopped.stderr)
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_a_one_process_run_after_the_step_and_saves_it(tmp_path):
     """One process checks its flag after every step: Ctrl-C after step 5 stops it there."""
     stopped, _ = fit_with_ctrl_c(tmp_path / "run", 1, False, "--trainer.max_epochs", "1", step=5)
@@ -285,6 +292,7 @@ def test_every_run_gets_the_safeguards_after_the_configs_callbacks_in_the_order_
     assert cli.trainer.callbacks[kinds.index(PreemptionCheck)].check_every_n_steps == 50  # configs/digits.yaml
 
 
+@pytest.mark.slow
 def test_a_fit_in_this_process_hands_ctrl_c_back_as_it_found_it_after_finishing_or_failing(tmp_path):
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal (pytest's may be ignored)
     try:
@@ -297,6 +305,7 @@ def test_a_fit_in_this_process_hands_ctrl_c_back_as_it_found_it_after_finishing_
         signal.signal(signal.SIGINT, previous)
 
 
+@pytest.mark.slow
 def test_training_makes_no_per_step_collective(tmp_path):
     """Counted in each rank: the SIGTERM flags' all-reduce every 50 steps, nothing else (Lightning 2.6 alone makes
     one broadcast per step). 100 steps of batch 4 stay inside the first epoch (158 steps)."""
@@ -311,6 +320,7 @@ def test_training_makes_no_per_step_collective(tmp_path):
         assert sum(record["counts"].values()) / record["steps"] <= 0.1
 
 
+@pytest.mark.slow
 def test_torchrun_restarts_a_rank_killed_twice_and_the_run_resumes_itself_to_the_same_weights(uninterrupted, tmp_path):
     """scripts/torchrun.sh (2 workers, MAX_RESTARTS=2) with `--ckpt_path auto`: rank 1 is SIGKILLed at step 13, then
     again at step 18 of the restarted attempt; torchrun restarts both ranks each time, which resume from the newest
@@ -353,6 +363,7 @@ def test_a_restart_budget_that_is_not_a_count_is_refused_before_anything_starts(
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_a_port_already_in_use_fails_fast_with_a_clear_error(tmp_path):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -368,6 +379,7 @@ def test_a_port_already_in_use_fails_fast_with_a_clear_error(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_a_peer_that_never_arrives_fails_after_the_configured_timeout(tmp_path):
     """Node 0 of two, and node 1 never starts: the wait ends at the config's process-group timeout."""
     args = quick_args(tmp_path / "run", "--trainer.num_nodes", "2", "--trainer.strategy.init_args.timeout", "0:00:05")
@@ -381,6 +393,7 @@ def test_a_peer_that_never_arrives_fails_after_the_configured_timeout(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_a_rank_that_hangs_without_dying_is_named_within_the_timeout_with_the_stacks_of_the_others(tmp_path):
     """SIGSTOP to rank 1 at step 5 of 2 processes with a 20 s process-group timeout: rank 0 waits in the next
     gradient all-reduce, prints where it waits, fails at the timeout naming rank 1 and stops it."""

@@ -40,6 +40,7 @@ def sharded(tmp_path_factory) -> Path:
     return run_dir
 
 
+@pytest.mark.slow
 def test_each_rank_holds_half_of_every_weight_in_a_sharded_checkpoint(sharded):
     from torch.distributed.checkpoint import FileSystemReader
 
@@ -59,12 +60,14 @@ def test_each_rank_holds_half_of_every_weight_in_a_sharded_checkpoint(sharded):
     assert full(checkpoint)["global_step"] == 20
 
 
+@pytest.mark.slow
 def test_fsdp2_trains_to_the_weights_ddp_trains_to(sharded, tmp_path):
     result, _ = fit(tmp_path, *TRAINED)
     assert result.returncode == 0, result.stderr[-3000:]
     assert_same_weights(full(last_checkpoint(sharded))["state_dict"], full(last_checkpoint(tmp_path))["state_dict"])
 
 
+@pytest.mark.slow
 def test_its_checkpoint_tests_the_same_on_1_2_and_3_processes_with_or_without_fsdp_and_consolidated(sharded, tmp_path):
     checkpoint = str(last_checkpoint(sharded))
     two = metrics_of(tmp_path / "2", *FSDP, "--trainer.devices", "2", "--ckpt_path", checkpoint)
@@ -79,6 +82,7 @@ def test_its_checkpoint_tests_the_same_on_1_2_and_3_processes_with_or_without_fs
     assert_same_weights(torch.load(consolidated, weights_only=True)["state_dict"], full(Path(checkpoint))["state_dict"])
 
 
+@pytest.mark.slow
 def test_predictions_on_2_sharded_processes_are_those_of_1_plain_one(sharded, tmp_path):
     checkpoint = str(last_checkpoint(sharded))
     for name, flags in (("fsdp", (*FSDP, "--trainer.devices", "2")), ("plain", ())):
@@ -93,6 +97,7 @@ def test_predictions_on_2_sharded_processes_are_those_of_1_plain_one(sharded, tm
     )
 
 
+@pytest.mark.slow
 def test_a_killed_sharded_run_resumes_mid_epoch_to_the_same_weights(sharded, tmp_path):
     """Checkpoints every 4 steps, written in the background; SIGKILL at step 14 on every rank: the newest complete
     checkpoint (sharded optimizer state included) resumes to the uninterrupted run's weights."""
@@ -105,6 +110,7 @@ def test_a_killed_sharded_run_resumes_mid_epoch_to_the_same_weights(sharded, tmp
     assert_same_weights(full(last_checkpoint(tmp_path))["state_dict"], full(last_checkpoint(sharded))["state_dict"])
 
 
+@pytest.mark.slow
 def test_sigterm_stops_every_sharded_rank_at_one_step_saves_it_and_auto_resumes_exactly(sharded, tmp_path):
     check_every_4 = ("--preemption.check_every_n_steps", "4")
     stopped, _ = fit(tmp_path, *FSDP, *TRAINED, *check_every_4, *fail_at(13, 1, "sigterm"))
@@ -116,6 +122,7 @@ def test_sigterm_stops_every_sharded_rank_at_one_step_saves_it_and_auto_resumes_
     assert_same_weights(full(last_checkpoint(tmp_path))["state_dict"], full(last_checkpoint(sharded))["state_dict"])
 
 
+@pytest.mark.slow
 def test_a_sharded_run_resumes_on_3_processes(tmp_path):
     """DCP reshards on load: weights and optimizer state are exact at the resume; the order of the samples after it
     is a 3-process run's (steps per epoch, shards), not the 2-process run's."""
@@ -128,6 +135,7 @@ def test_a_sharded_run_resumes_on_3_processes(tmp_path):
     assert full(last_checkpoint(tmp_path))["global_step"] == 10 + 7  # ceil(ceil(1258 / 3) / 64) steps in epoch 2
 
 
+@pytest.mark.slow
 def test_a_nan_loss_stops_a_sharded_run_and_no_checkpoint_holds_it(tmp_path):
     result, _ = fit(tmp_path, *FSDP, "--model.optimizer.init_args.lr", "1000", "--trainer.max_epochs", "3")
     assert result.returncode != 0
@@ -136,6 +144,7 @@ def test_a_nan_loss_stops_a_sharded_run_and_no_checkpoint_holds_it(tmp_path):
     assert all(value.isfinite().all() for value in checkpoint["state_dict"].values())
 
 
+@pytest.mark.slow
 def test_bf16_mixed_precision_trains_sharded_on_cpu(tmp_path):
     result, _ = fit(tmp_path, *FSDP, "--trainer.precision", "bf16-mixed", "--trainer.max_epochs", "3")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -149,6 +158,7 @@ def refused(run_dir: Path, *args: str) -> str:
     return result.stderr
 
 
+@pytest.mark.slow
 def test_bad_sharding_input_is_refused_before_training(sharded, tmp_path):
     not_a_module = ("--trainer.strategy.init_args.shard_classes", "[torch.optim.SGD]")
     assert "torch.optim.SGD is not a torch.nn.Module class" in refused(

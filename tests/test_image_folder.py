@@ -59,6 +59,7 @@ def test_metrics(images, fitted, tmp_path_factory):
     return metrics
 
 
+@pytest.mark.slow
 def test_a_two_process_fit_reads_the_folders_and_links_classes_and_shape_to_the_network(fitted):
     ckpt = torch.load(last_checkpoint(fitted), weights_only=True)
     assert ckpt["global_step"] == 4 * 40  # 4 epochs of ceil(1258 train images / 2 ranks / 16)
@@ -66,6 +67,7 @@ def test_a_two_process_fit_reads_the_folders_and_links_classes_and_shape_to_the_
     assert network["num_classes"] == 10 and list(network["input_shape"]) == [1, 8, 8]
 
 
+@pytest.mark.slow
 def test_held_out_accuracy_is_high_and_identical_on_one_two_and_three_processes(test_metrics):
     # 359 test images: not divisible by 2 or 3, so a padding or dropping sampler would change the result.
     assert test_metrics[1]["test_acc"] >= 0.90
@@ -73,6 +75,7 @@ def test_held_out_accuracy_is_high_and_identical_on_one_two_and_three_processes(
     assert test_metrics[3]["test_loss"] == pytest.approx(test_metrics[1]["test_loss"], rel=1e-5)
 
 
+@pytest.mark.slow
 def test_predict_on_a_folder_of_new_images_writes_each_path_its_class_and_probabilities(images, fitted, tmp_path):
     new = tmp_path / "new"
     expected = {}
@@ -156,6 +159,7 @@ def test_a_bad_folder_is_refused_naming_it(tmp_path, folder, empty_classes, mess
         ImageFolderDataModule(root=str(tmp_path / folder))
 
 
+@pytest.mark.slow
 def test_a_missing_folder_exits_2_before_starting_and_writes_nothing(images, tmp_path):
     run_dir = tmp_path / "run"
     args = image_args(run_dir, images, "--trainer.devices", "2", "--data.init_args.root", str(tmp_path / "missing"))
@@ -173,6 +177,7 @@ def test_a_worker_count_out_of_range_is_refused(images, num_workers):
         ImageFolderDataModule(root=str(images), num_workers=num_workers)
 
 
+@pytest.mark.slow
 def test_an_unreadable_image_stops_every_rank_naming_the_file(images, tmp_path):
     root = tmp_path / "images"
     shutil.copytree(images, root)

@@ -36,6 +36,7 @@ def test_the_lock_names_this_projects_own_package():
     assert entry in (REPO / "uv.lock").read_text()
 
 
+@pytest.mark.slow
 def test_requirements_txt_is_uv_locks_export(project_copy):
     committed = (REPO / "requirements.txt").read_text()
     [command] = EXPORT.findall(committed)  # the command that wrote it, in its header
@@ -45,6 +46,7 @@ def test_requirements_txt_is_uv_locks_export(project_copy):
     assert "torch==2.14.1" in committed and "--hash=sha256:" in committed  # pinned, with hashes: pip checks them
 
 
+@pytest.mark.slow
 def test_the_lock_is_current_and_a_lock_behind_pyproject_is_refused_naming_the_fix(project_copy):
     current = uv("lock", "--check", cwd=project_copy)
     assert current.returncode == 0, f"uv.lock is out of date with pyproject.toml, run `uv lock`:\n{current.stderr}"
@@ -61,6 +63,7 @@ def pyenv_python(minor: str) -> Path | None:
     return found[-1] if found else None
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(pyenv_python("3.9") is None, reason="needs pyenv's Python 3.9, just below requires-python")
 def test_a_python_below_requires_python_is_refused_before_anything_is_installed(project_copy):
     result = uv("sync", "--python", str(pyenv_python("3.9")), cwd=project_copy)

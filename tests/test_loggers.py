@@ -35,6 +35,7 @@ def csv_run(tmp_path_factory):
     return run_dir
 
 
+@pytest.mark.slow
 def test_csv_log_holds_epoch_metrics_and_the_learning_rate_per_step_a_cosine_to_the_run_end(csv_run):
     rows = metrics_rows(run_folder(csv_run, 0))
     assert [float(r["val_acc"]) > 0.3 for r in rows if r["val_acc"]] == [True, True]
@@ -45,6 +46,7 @@ def test_csv_log_holds_epoch_metrics_and_the_learning_rate_per_step_a_cosine_to_
     assert lrs == pytest.approx({step: 0.1 * (1 + math.cos(math.pi * step / 40)) / 2 for step in (9, 19, 29, 39)})
 
 
+@pytest.mark.slow
 def test_plot_metrics_takes_the_epoch_losses_and_the_log_has_the_step_losses_too(csv_run):
     rows = metrics_rows(run_folder(csv_run, 0))
     curves = load_plot_metrics().per_epoch(csv_run / "lightning_logs" / "version_0" / "metrics.csv")
@@ -56,6 +58,7 @@ def test_plot_metrics_takes_the_epoch_losses_and_the_log_has_the_step_losses_too
     assert sorted(curves["val_acc"]) == [0, 1] and sorted(curves["train_acc"]) == [0, 1]
 
 
+@pytest.mark.slow
 def test_plot_metrics_writes_a_png_from_the_run_folder(csv_run, tmp_path):
     out = tmp_path / "curves.png"
     result = subprocess.run(
@@ -69,11 +72,13 @@ def test_plot_metrics_writes_a_png_from_the_run_folder(csv_run, tmp_path):
     assert len(data) > 20_000  # drawn curves, not an empty canvas
 
 
+@pytest.mark.slow
 def test_plot_metrics_rejects_a_folder_without_metrics(tmp_path):
     result = subprocess.run([sys.executable, str(PLOT_SCRIPT), str(tmp_path)], capture_output=True, text=True)
     assert result.returncode == 2 and "no metrics.csv" in result.stderr
 
 
+@pytest.mark.slow
 def test_tensorboard_overlay_writes_event_files_into_the_same_layout(tmp_path):
     event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
     args = quick_args(tmp_path, "--config", "configs/tensorboard.yaml", "--trainer.max_epochs", "1")

@@ -62,6 +62,7 @@ def test_without_torchvision_the_error_names_the_extra(tmp_path):
         MNISTDataModule(root=str(tmp_path), download=False).load()
 
 
+@pytest.mark.slow
 def test_config_overlay_parses_without_torchvision():
     result = run_project(
         "fit", "--config", str(DIGITS_CONFIG), "--config", "configs/mnist.yaml", "--print_config", cwd=REPO, timeout=120

@@ -59,6 +59,7 @@ def test_optimizer_and_scheduler_come_from_the_injected_callables():
     assert config["lr_scheduler"]["interval"] == "step"  # the default: stepped after every optimizer step
 
 
+@pytest.mark.slow
 def test_train_acc_counts_every_sample_of_every_rank_once(tmp_path):
     """With lr 0 the weights never change: the epoch's train_acc on 2 ranks must be the accuracy of the saved weights
     on the whole training split (1,258 samples, 629 a rank), counted across ranks."""

@@ -111,6 +111,7 @@ def assert_trained_at_world_size_two(run_dir: Path) -> None:
     assert ckpt["epoch"] == EPOCHS - 1 and ckpt["global_step"] == EPOCHS * STEPS_PER_EPOCH
 
 
+@pytest.mark.slow
 def test_two_nodes_by_environment_variables(env_nodes):
     dirs, outputs = env_nodes
     assert_world_of_two(outputs)
@@ -119,6 +120,7 @@ def test_two_nodes_by_environment_variables(env_nodes):
     assert not dirs[1].exists() or not any(path.is_file() for path in dirs[1].rglob("*"))
 
 
+@pytest.mark.slow
 def test_two_nodes_by_torchrun(torchrun_nodes):
     run_dir, outputs = torchrun_nodes
     assert_world_of_two(outputs)
@@ -126,6 +128,7 @@ def test_two_nodes_by_torchrun(torchrun_nodes):
     assert len(list(run_dir.glob("lightning_logs/version_*/config.yaml"))) == 1
 
 
+@pytest.mark.slow
 def test_two_nodes_train_like_one_node_with_two_processes(single_node, env_nodes, torchrun_nodes):
     reference_ckpt = last_checkpoint(single_node)
     reference = evaluate(reference_ckpt)
@@ -145,6 +148,7 @@ def test_two_nodes_train_like_one_node_with_two_processes(single_node, env_nodes
 # variables alone.
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("flag", "hint"),
     [

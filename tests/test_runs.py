@@ -19,6 +19,7 @@ def runs(tmp_path_factory):
     return root, printed, first_weights
 
 
+@pytest.mark.slow
 def test_the_same_command_twice_trains_twice_into_new_run_folders(runs):
     root, _, first_weights = runs
     for version in (0, 1):
@@ -109,6 +110,7 @@ def test_the_run_folder_policy_works_on_a_plain_config_without_a_parser(tmp_path
         prepare_run(run_config(tmp_path, dirpath=str(fixed)), "fit")
 
 
+@pytest.mark.slow
 def test_fits_that_start_at_the_same_moment_get_distinct_run_folders(tmp_path):
     """Lightning numbers a run one above the highest folder it lists, so two starts at once can pick the same number
     (#11418, won't fix); the template's logger claims the folder with mkdir, which only one process can win."""

@@ -64,6 +64,7 @@ def test_lightning_cli_optimizer_flags_are_unknown_keys(monkeypatch, capsys, tmp
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_a_run_killed_mid_warm_up_resumes_to_the_same_weights(tmp_path):
     """One process, 2 epochs of 20 steps, 25 warm-up steps; the first run is killed at step 14 (a checkpoint every 4
     steps: it resumes at step 12, mid-epoch and mid-warm-up): the same weights as a run never stopped."""

@@ -14,6 +14,8 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 
 from project.__main__ import main
 
+pytestmark = pytest.mark.slow  # every test here starts processes or trains for seconds
+
 
 class RecordsSetup(Callback):
     """Seen from inside fit: what does the strategy train, and which strategy is it?"""

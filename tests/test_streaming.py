@@ -25,6 +25,8 @@ from write_digit_images import write_digit_images  # noqa: E402
 
 pytest.importorskip("litdata")
 
+pytestmark = pytest.mark.slow  # every test here starts processes or trains for seconds
+
 from test_faults import fail_at  # noqa: E402
 
 from project.data import StreamingDataModule  # noqa: E402

@@ -57,6 +57,7 @@ def stopped_and_resumed(tmp_path_factory):
     return tmp_path, after_stop
 
 
+@pytest.mark.slow
 def test_a_stopped_sweep_resumes_to_the_requested_number_of_trials(stopped_and_resumed):
     tmp_path, after_stop = stopped_and_resumed
     assert after_stop == 2
@@ -74,6 +75,7 @@ def test_a_stopped_sweep_resumes_to_the_requested_number_of_trials(stopped_and_r
         assert trial.intermediate_values  # val_acc reported per epoch, for the pruner
 
 
+@pytest.mark.slow
 def test_the_best_config_reruns_to_the_recorded_accuracy(stopped_and_resumed, tmp_path):
     sweep_dir, _ = stopped_and_resumed
     best = optuna.load_study(study_name="sweep", storage=f"sqlite:///{sweep_dir}/sweep.db").best_trial
@@ -99,6 +101,7 @@ def test_a_bad_search_space_is_refused_before_training(tmp_path, capsys, space, 
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow
 def test_a_study_name_started_with_another_space_is_refused(stopped_and_resumed, capsys):
     sweep_dir, _ = stopped_and_resumed
     assert sweep(sweep_dir, "--trials", "5", space={"model.optimizer.init_args.lr": {"low": 0.1, "high": 0.2}}) == 2
@@ -106,6 +109,7 @@ def test_a_study_name_started_with_another_space_is_refused(stopped_and_resumed,
     assert len(trials(sweep_dir)) == 4
 
 
+@pytest.mark.slow
 def test_a_failed_trial_is_recorded_as_failed_and_the_sweep_goes_on(tmp_path, capsys):
     space = {"model.optimizer.init_args.lr": {"low": 0.05, "high": 0.3}}
     assert sweep(tmp_path, "--trials", "2", "--study", "fails", space=space, fit=("--trainer.max_epochs", "-5")) == 1

@@ -131,6 +131,7 @@ def fitted(table, tmp_path_factory) -> Path:
     return run_dir
 
 
+@pytest.mark.slow
 def test_a_fit_on_a_csv_learns_a_separable_problem(fitted, table, tmp_path):
     checkpoint = str(run_folder(fitted) / "checkpoints" / "last.ckpt")
     result = run_project("test", *table_args(tmp_path, table, "--ckpt_path", checkpoint), cwd=REPO)
@@ -138,6 +139,7 @@ def test_a_fit_on_a_csv_learns_a_separable_problem(fitted, table, tmp_path):
     assert '"test_acc": 1.0' in result.stdout  # 48 held-out rows, classes 4 standard deviations apart
 
 
+@pytest.mark.slow
 def test_predict_on_a_new_csv_writes_row_class_name_and_probabilities(fitted, table, tmp_path):
     new = [row[:1] + row[2:] for row in blobs(9, seed=1)]  # no label column: x, y, z
     inputs = write_csv(tmp_path / "new.csv", ["x", "y", "z"], new)

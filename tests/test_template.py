@@ -133,6 +133,7 @@ def venv_python(rendered, tmp_path_factory):
     return python
 
 
+@pytest.mark.slow
 def test_a_template_of_the_last_commit_is_refused_while_changes_are_uncommitted(tmp_path):
     """Uncommitted edits would be silently left out: refused (exit 2, naming them); --worktree takes them."""
     repo = tmp_path / "repo"
@@ -162,6 +163,7 @@ def test_a_template_of_the_last_commit_is_refused_while_changes_are_uncommitted(
     assert (project / "notes.md").read_text() == "a new file\n"
 
 
+@pytest.mark.slow
 @end_to_end
 @pytest.mark.parametrize(
     ("project_name", "folder", "package"),
@@ -179,6 +181,7 @@ def test_the_project_folder_is_a_clean_slug_of_any_project_name(template, tmp_pa
     assert (tmp_path / folder / "README.md").read_text().startswith(f"# {project_name}\n")
 
 
+@pytest.mark.slow
 @end_to_end
 def test_rendered_project_uses_the_new_names_everywhere(rendered):
     project_dir, path = rendered
@@ -204,6 +207,7 @@ def test_rendered_project_uses_the_new_names_everywhere(rendered):
     assert "class_path: my_vision_lab.networks.MLP" in config and "my_vision_lab.data.DigitsDataModule" in config
 
 
+@pytest.mark.slow
 @end_to_end
 @pytest.mark.parametrize(
     "context",
@@ -222,6 +226,7 @@ def test_an_unusable_name_stops_cookiecutter_before_writing(template, tmp_path, 
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.slow
 @end_to_end
 def test_the_rendered_project_is_a_git_repository_with_everything_in_one_commit(rendered):
     project_dir, _ = rendered
@@ -261,6 +266,7 @@ def package_naming_tests(project_dir: Path, package: str) -> list[str]:
     return found
 
 
+@pytest.mark.slow
 @end_to_end
 def test_rendered_project_installs_and_its_own_tests_that_name_it_and_lint_pass(rendered, venv_python):
     project_dir, _ = rendered
@@ -298,6 +304,7 @@ def test_rendered_project_installs_and_its_own_tests_that_name_it_and_lint_pass(
     assert lint.returncode == 0, lint.stdout[-3000:]  # its CI runs ruff too: renamed lines must still fit
 
 
+@pytest.mark.slow
 @end_to_end
 def test_rendered_projects_console_command_fits(rendered, venv_python, tmp_path):
     """The console command the install made (`my_vision_lab fit ...`): one fresh start-up checks both."""
