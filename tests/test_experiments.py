@@ -9,9 +9,9 @@ import pytest
 import torch
 from conftest import REPO, checkpoint_dir, metric_values, quick_args, run_folder, run_in_process, run_project
 
-pytestmark = pytest.mark.slow  # every test here starts processes or trains for seconds
-
 from project.runtime.faults import wait_until
+
+pytestmark = pytest.mark.slow  # every test here starts processes or trains for seconds
 
 CONFIGS = REPO / "configs"
 
