@@ -36,7 +36,7 @@ SLOW_RULE = "mark it slow (@pytest.mark.slow, or pytestmark = pytest.mark.slow f
 
 
 @contextlib.contextmanager
-def no_python_processes(test: str):
+def no_child_processes(test: str):
     """Refuses, in a test not marked slow, what starts a process (a fork, a multiprocessing worker, a warm or fresh
     interpreter, a launcher or script): the fast subset (`-m "not slow"`) stays fast because no test in it can start
     one. Allowed: `git` queries, and a `python -c` query, as jsonargparse's stub resolver (typeshed_client) asks the
@@ -47,7 +47,7 @@ def no_python_processes(test: str):
 
     popen_init = subprocess.Popen.__init__
 
-    def popen_unless_python(self: subprocess.Popen, args: object, *rest: object, **kwargs: object) -> None:
+    def popen_if_quick(self: subprocess.Popen, args: object, *rest: object, **kwargs: object) -> None:
         argv = str(args).split() if isinstance(args, str | os.PathLike) else [str(arg) for arg in args]
         program = Path(argv[0]).name
         if program != "git" and not (program.startswith("python") and argv[1:2] == ["-c"]):
@@ -55,7 +55,7 @@ def no_python_processes(test: str):
         popen_init(self, args, *rest, **kwargs)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(subprocess.Popen, "__init__", popen_unless_python)
+        patch.setattr(subprocess.Popen, "__init__", popen_if_quick)
         patch.setattr(os, "fork", refuse)
         patch.setattr(multiprocessing.process.BaseProcess, "start", refuse)
         patch.setattr(WarmServer, "start", refuse)
@@ -63,7 +63,7 @@ def no_python_processes(test: str):
 
 
 def process_guard(item: pytest.Item) -> contextlib.AbstractContextManager:
-    return contextlib.nullcontext() if item.get_closest_marker("slow") else no_python_processes(item.nodeid)
+    return contextlib.nullcontext() if item.get_closest_marker("slow") else no_child_processes(item.nodeid)
 
 
 @pytest.hookimpl(wrapper=True)

@@ -347,6 +347,7 @@ def test_torchrun_restarts_a_rank_killed_twice_and_the_run_resumes_itself_to_the
     assert_same_end(uninterrupted, root)
 
 
+@pytest.mark.slow
 def test_a_restart_budget_that_is_not_a_count_is_refused_before_anything_starts(tmp_path):
     for script in ("torchrun.sh", "slurm.sbatch"):
         env = project_env(MAX_RESTARTS="three", SLURM_NNODES="1", SLURM_NTASKS_PER_NODE="1", SLURM_JOB_ID="1")

@@ -169,6 +169,7 @@ def _without(env: dict, *names: str) -> dict:
     return {key: value for key, value in env.items() if key not in names}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("script", "env", "message"),
     [

@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO, project_env
 
+pytestmark = pytest.mark.slow  # every test here runs scripts/slurm.sbatch (bash, a fake srun)
+
 SBATCH_SCRIPT = REPO / "scripts" / "slurm.sbatch"
 # srun's stand-in: step N (0, 1, ...) exits with the Nth of STEP_CODES and records the Nth of STEP_OUTCOMES (a rank's
 # "CODE<TAB>CAUSE" line, "-" for none) in PROJECT_EXIT_FILE; each step's PROJECT_RESTART_COUNT goes to steps.txt.

@@ -31,6 +31,7 @@ def test_the_same_command_twice_trains_twice_into_new_run_folders(runs):
     assert (run_folder(root, 0) / "checkpoints" / "last.ckpt").read_bytes() == first_weights
 
 
+@pytest.mark.slow
 def test_fit_ckpt_path_last_resumes_the_newest_run_in_its_own_folder(runs):
     root, printed, _ = runs
     last = run_folder(root, 1) / "checkpoints" / "last.ckpt"

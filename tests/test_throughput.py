@@ -30,6 +30,7 @@ def test_flops_are_counted_on_meta_tensors_without_drawing_random_numbers():
     assert all(p.grad is None for p in network.parameters())
 
 
+@pytest.mark.slow
 def test_a_fit_logs_model_tflops_with_samples_per_second_and_no_mfu_on_cpu(tmp_path):
     printed = run_in_process("fit", *quick_args(tmp_path, "--trainer.max_epochs", "2"))
     assert f"model FLOPs (forward and backward): {MLP_FLOPS:.3g} per sample, {MLP_FLOPS * 64:.3g} per step" in printed
@@ -39,6 +40,7 @@ def test_a_fit_logs_model_tflops_with_samples_per_second_and_no_mfu_on_cpu(tmp_p
         assert float(row["tflops_per_sec"]) == pytest.approx(float(row["samples_per_sec"]) * MLP_FLOPS / 1e12)
 
 
+@pytest.mark.slow
 def test_mfu_is_the_model_flops_rate_per_device_over_its_peak(tmp_path, monkeypatch):
     # a GPU Lightning knows, pretended
     monkeypatch.setattr("project.runtime.throughput.peak_flops", lambda trainer: 2e9)
