@@ -45,6 +45,7 @@ def test_fit_ckpt_path_last_resumes_the_newest_run_in_its_own_folder(runs):
     assert "max_epochs: 2\n" in (run_folder(root, 1) / "config.resume-1.yaml").read_text()
 
 
+@pytest.mark.slow
 def test_test_ckpt_path_last_evaluates_the_newest_runs_checkpoint(runs):
     root, printed, _ = runs
     assert f"[project] loading {run_folder(root, 1) / 'checkpoints' / 'last.ckpt'}" in printed["test"]
