@@ -1,11 +1,10 @@
 """The user's callbacks (project/callbacks.py): GradientNorm logs the gradients' norm every log_every_n_steps."""
 
 import copy
-import csv
 
 import pytest
 import torch
-from conftest import REPO, quick_args, run_folder, run_in_process
+from conftest import REPO, metric_values, metrics_rows, quick_args, run_folder, run_in_process
 from lightning.pytorch import Trainer
 from lightning.pytorch.loggers import CSVLogger
 from torch import nn
@@ -40,8 +39,7 @@ def test_gradient_norm_is_logged_every_log_every_n_steps_with_the_first_steps_ex
         enable_checkpointing=False,
     )
     trainer.fit(module, DataLoader(TensorDataset(x, y), batch_size=4))  # 10 steps, not shuffled
-    with (tmp_path / "lightning_logs" / "version_0" / "metrics.csv").open(newline="") as file:
-        logged = [float(row["grad_norm"]) for row in csv.DictReader(file) if row["grad_norm"]]
+    logged = metric_values(run_folder(tmp_path, 0), "grad_norm")
     assert len(logged) == 3  # the 3rd, 6th and 9th steps
     optimizer = untrained.configure_optimizers()  # the module's own: SGD with torch's defaults
     for step in range(3):  # the same 3 steps by hand
@@ -53,10 +51,10 @@ def test_gradient_norm_is_logged_every_log_every_n_steps_with_the_first_steps_ex
     assert len(set(logged)) == 3  # each a different step's gradients
 
 
+@pytest.mark.slow
 def test_the_overlay_lists_it_under_trainer_callbacks_and_a_cli_run_logs_grad_norm(tmp_path):
     overlay = ("--config", str(REPO / "configs" / "grad_norm.yaml"), "--trainer.log_every_n_steps", "3")
     short = ("--trainer.max_epochs", "1", "--trainer.limit_train_batches", "7", "--trainer.limit_val_batches", "0")
     run_in_process("fit", *quick_args(tmp_path, *overlay, *short))
-    with (run_folder(tmp_path) / "metrics.csv").open(newline="") as file:
-        rows = [row for row in csv.DictReader(file) if row["grad_norm"]]
+    rows = [row for row in metrics_rows(run_folder(tmp_path)) if row["grad_norm"]]
     assert [int(row["step"]) for row in rows] == [2, 5] and all(float(row["grad_norm"]) > 0 for row in rows)
