@@ -183,7 +183,7 @@ class BaseDataModule(LightningDataModule):
         return self._loader(self.splits[name], ExactDistributedSampler(self.splits[name], num_replicas, rank))
 
     def _ranks(self) -> tuple[int, int]:
-        """(world size, global rank) from the Trainer; without one, the process group's (scripts/benchmark_data.py),
+        """(world size, global rank) from the Trainer; without one, the process group's (benchmarks/data.py),
         or (1, 0)."""
         if self.trainer is None:
             return (dist.get_world_size(), dist.get_rank()) if dist.is_initialized() else (1, 0)
