@@ -53,6 +53,7 @@ def test_test_ckpt_path_last_evaluates_the_newest_runs_checkpoint(runs):
     assert not (run_folder(root, 2) / "checkpoints").exists()
 
 
+@pytest.mark.slow
 def test_a_fit_without_a_logger_resumes_with_ckpt_path_last_to_the_uninterrupted_weights(tmp_path):
     """Without a logger the config is saved in default_root_dir, which every command shares: the resume's (and a
     test's) goes beside the first (Lightning's config saving refused them: config.yaml existed). Pitfall 12."""
