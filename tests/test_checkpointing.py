@@ -1,4 +1,5 @@
-"""Checkpoint files: atomic under SIGKILL, weights-only, RNG states round-trip, the loader resumes mid-epoch."""
+"""Checkpoint files: atomic under SIGKILL (written in the foreground or the background), weights-only, RNG states
+round-trip, the loader resumes mid-epoch, periodic background checkpoints resume exactly."""
 
 import random
 import signal
@@ -7,11 +8,12 @@ import time
 import numpy as np
 import pytest
 import torch
-from conftest import finish, start_python
+from conftest import REPO, checkpoint_dir, finish, quick_args, run_project, start_python
 from torch.utils.data import SequentialSampler
 
 from project.data.loaders import TensorBatchLoader
 from project.runs.checkpointing import (
+    AsyncAtomicCheckpointIO,
     AtomicCheckpointIO,
     CheckpointError,
     load_checkpoint_file,
@@ -21,8 +23,8 @@ from project.runs.checkpointing import (
 
 SAVER = """
 import sys, torch
-from project.runs.checkpointing import AtomicCheckpointIO
-io, weights = AtomicCheckpointIO(), torch.arange(8_000_000, dtype=torch.float32)  # 32 MB per save
+from project.runs import checkpointing
+io, weights = getattr(checkpointing, sys.argv[3])(), torch.arange(8_000_000, dtype=torch.float32)  # 32 MB per save
 start = int(sys.argv[2])
 for i in range(start, start + 1000):
     io.save_checkpoint({"i": i, "w": weights + i}, sys.argv[1])
@@ -30,12 +32,14 @@ for i in range(start, start + 1000):
 
 
 @pytest.mark.slow
-def test_killing_the_process_mid_save_leaves_the_previous_checkpoint_readable(tmp_path):
+@pytest.mark.parametrize("writer", ["AtomicCheckpointIO", "AsyncAtomicCheckpointIO"])
+def test_killing_the_process_mid_save_leaves_the_previous_checkpoint_readable(tmp_path, writer):
+    """The background writer is killed in its thread, while the training loop waits for it to finish."""
     ckpt, partial = tmp_path / "last.ckpt", tmp_path / ".last.ckpt.partial"
     AtomicCheckpointIO().save_checkpoint({"i": -1, "w": torch.zeros(1)}, ckpt)
     for round_ in range(2):
         partial.unlink(missing_ok=True)  # the last round's cut-short file
-        saver = start_python("-c", SAVER, str(ckpt), str(round_ * 1000), cwd=tmp_path)
+        saver = start_python("-c", SAVER, str(ckpt), str(round_ * 1000), writer, cwd=tmp_path)
         try:
             # Kill while a save is half written: the partial file exists and is growing.
             deadline = time.monotonic() + 60
@@ -45,9 +49,64 @@ def test_killing_the_process_mid_save_leaves_the_previous_checkpoint_readable(tm
             saver.kill()
         assert finish(saver).returncode == -signal.SIGKILL
         assert 0 < partial.stat().st_size < 32_000_000  # the kill did cut a save short
+        assert list(tmp_path.glob("*.ckpt")) == [ckpt]  # the partial file is hidden, never taken for a checkpoint
         loaded = torch.load(ckpt, weights_only=True)  # a whole earlier save
         expected = torch.zeros(1) if loaded["i"] == -1 else torch.arange(8_000_000, dtype=torch.float32) + loaded["i"]
         assert torch.equal(loaded["w"], expected)
+
+
+def test_a_background_save_writes_what_a_synchronous_one_does_as_it_was_at_the_call(tmp_path):
+    """The tensors are copied before the call returns: a step taken during the write changes nothing in the file."""
+    weights, rng = torch.randn(1_000_000), torch.get_rng_state()
+    checkpoint = {"state_dict": {"w": weights}, "rng_states": [{"torch": rng}], "loops": {"batch": 3}}
+    AtomicCheckpointIO().save_checkpoint(checkpoint, tmp_path / "sync.ckpt")
+    writer = AsyncAtomicCheckpointIO()
+    writer.save_checkpoint(checkpoint, tmp_path / "async.ckpt")
+    weights.add_(1.0)  # the next optimizer step, in place, while the file is being written
+    checkpoint["loops"]["batch"] = 4
+    writer.teardown()  # waits for the write
+    sync, background = (torch.load(tmp_path / name, weights_only=True) for name in ("sync.ckpt", "async.ckpt"))
+    assert background.keys() == sync.keys() and background["loops"] == sync["loops"] == {"batch": 3}
+    assert torch.equal(background["state_dict"]["w"], sync["state_dict"]["w"])
+    assert torch.equal(background["rng_states"][0]["torch"], rng)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["async.ckpt", "sync.ckpt"]
+
+
+def test_a_background_save_that_fails_raises_at_the_next_save_and_keeps_the_previous_checkpoint(tmp_path):
+    writer, ckpt = AsyncAtomicCheckpointIO(), tmp_path / "last.ckpt"
+    writer.save_checkpoint({"i": 0}, ckpt)
+    writer.save_checkpoint({"i": 1, "bad": lambda: 0}, ckpt)  # a lambda cannot be pickled
+    with pytest.raises(Exception):  # noqa: B017 (whatever torch.save raises for an unpicklable object)
+        writer.save_checkpoint({"i": 2}, ckpt)
+    writer.teardown()
+    assert [path.name for path in tmp_path.iterdir()] == ["last.ckpt"]
+    assert torch.load(ckpt, weights_only=True)["i"] == 0
+
+
+# Periodic checkpoints by time, written in the background: what the launchers in scripts/ pass. An interval of 0 saves
+# after every step; digits on one process has 20 steps per epoch, so step 27 is inside epoch 1, not at its last batch.
+PERIODIC = (
+    "--trainer.plugins", "project.runs.checkpointing.AsyncAtomicCheckpointIO",
+    "--checkpoint.train_time_interval", "0:00:00", "--checkpoint.save_top_k", "-1",
+    "--checkpoint.filename", "step-{step}", "--trainer.max_epochs", "2", "--model.network.init_args.dropout", "0.3",
+)  # fmt: skip
+
+
+def test_a_run_resumed_from_a_periodic_background_checkpoint_mid_epoch_ends_with_the_same_weights(tmp_path):
+    reference = run_project("fit", *quick_args(tmp_path / "reference", *PERIODIC), cwd=REPO)
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    saved = checkpoint_dir(tmp_path / "reference")
+    assert len(list(saved.glob("step-step=*.ckpt"))) == 40 and not list(saved.glob(".*"))  # every step, none partial
+    start = tmp_path / "resumed" / "start.ckpt"
+    start.parent.mkdir()
+    start.write_bytes((saved / "step-step=27.ckpt").read_bytes())
+    resumed = run_project("fit", *quick_args(tmp_path / "resumed", *PERIODIC, "--ckpt_path", str(start)), cwd=REPO)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    expected = torch.load(saved / "last.ckpt", weights_only=True)
+    final = torch.load(checkpoint_dir(tmp_path / "resumed") / "last.ckpt", weights_only=True)
+    assert final["global_step"] == expected["global_step"] == 40
+    for name, value in expected["state_dict"].items():
+        assert torch.equal(final["state_dict"][name], value), name
 
 
 def test_a_save_interrupted_by_an_exception_leaves_no_partial_file_and_the_previous_checkpoint(tmp_path):

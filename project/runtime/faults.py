@@ -107,15 +107,16 @@ class FailFast(Callback):
 
 
 def finish_pending_save(trainer: Trainer) -> None:
-    """A checkpoint still being written in the background (FSDP2, runtime/sharding.py) is finished before the ranks
-    are stopped, if the ranks writing it still can."""
-    finish = getattr(trainer.strategy, "finish_pending_save", None)
-    if finish is None:
-        return
-    try:
-        finish()
-    except Exception as error:  # a peer that died mid-write: the previous checkpoint stays
-        report(f"rank {trainer.global_rank}: the checkpoint being written could not be finished: {first_line(error)}")
+    """A checkpoint still being written in the background (FSDP2's strategy, runtime/sharding.py, or the single-file
+    writer, runs/checkpointing.py) is finished before the ranks are stopped, if the ranks writing it still can."""
+    for writer in (trainer.strategy, trainer.strategy.checkpoint_io):
+        finish = getattr(writer, "finish_pending_save", None)
+        if finish is None:
+            continue
+        try:
+            finish()
+        except Exception as error:  # a peer that died mid-write, a full disk: the previous checkpoint stays
+            report(f"rank {trainer.global_rank}: the checkpoint being written could not be finished: {first_line(error)}")
 
 
 class Heartbeat:
