@@ -116,7 +116,8 @@ def finish_pending_save(trainer: Trainer) -> None:
         try:
             finish()
         except Exception as error:  # a peer that died mid-write, a full disk: the previous checkpoint stays
-            report(f"rank {trainer.global_rank}: the checkpoint being written could not be finished: {first_line(error)}")
+            cause = first_line(error)
+            report(f"rank {trainer.global_rank}: the checkpoint being written could not be finished: {cause}")
 
 
 class Heartbeat:
