@@ -2,8 +2,8 @@
 
 ``python -m project {fit,validate,test,predict} --config configs/digits.yaml [--key value ...]``.
 Every config key is a constructor argument of the Trainer, the model, the data module, the checkpoint callback
-(``checkpoint``) or the preemption check (``preemption``); this file only links them together and adds what every run
-needs: the safeguards, one callback per concern (``add_safeguards``).
+(``checkpoint``), the periodic checkpoint (``periodic``) or the preemption check (``preemption``); this file only
+links them together and adds what every run needs: the safeguards, one callback per concern (``add_safeguards``).
 
 One callback per concern, not one for all: each costs Lightning a call of each of its hooks (about 6 a training step,
 up to 4 µs a call: docs/reports/2026-12-04.md), so the four more cost about 100 µs a step, negligible against a CNN
@@ -35,6 +35,7 @@ from project.runtime.faults import FailFast
 from project.runtime.known_noise import silence_known_noise
 from project.runtime.launcher import ForkLauncher, one_thread
 from project.runtime.nan_guard import NaNGuard
+from project.runtime.periodic_checkpoint import PeriodicCheckpoint
 from project.runtime.preemption import PreemptionCheck
 from project.runtime.throughput import Throughput
 
@@ -50,6 +51,7 @@ class ProjectCLI(LightningCLI):
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
         parser.link_arguments("trainer.default_root_dir", "trainer.logger.init_args.save_dir")  # a list: folders.py
         parser.add_lightning_class_args(PreemptionCheck, "preemption")  # the other safeguards: run_callbacks()
+        parser.add_lightning_class_args(PeriodicCheckpoint, "periodic")  # last.ckpt every so much time (off by default)
         parser.set_defaults({"checkpoint.save_last": True})
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
         parser.link_arguments("data.num_classes", "model.network.init_args.num_classes", apply_on="instantiate")

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 import torch
-from conftest import REPO, checkpoint_dir, finish, quick_args, run_project, start_python
+from conftest import REPO, checkpoint_dir, finish, last_checkpoint, project_env, quick_args, run_project, start_python
 from torch.utils.data import SequentialSampler
 
 from project.data.loaders import TensorBatchLoader
@@ -83,27 +83,31 @@ def test_a_background_save_that_fails_raises_at_the_next_save_and_keeps_the_prev
     assert torch.load(ckpt, weights_only=True)["i"] == 0
 
 
-# Periodic checkpoints by time, written in the background: what the launchers in scripts/ pass. An interval of 0 saves
-# after every step; digits on one process has 20 steps per epoch, so step 27 is inside epoch 1, not at its last batch.
+# Periodic checkpoints, written in the background: what the launchers in scripts/ pass (every 30 minutes there). Every
+# 7 steps here (an interval of 0, checked every 7 steps): digits on one process has 20 steps per epoch, so the run
+# that fails at step 30 resumes from step 28, inside epoch 1 and not at its last batch.
 PERIODIC = (
     "--trainer.plugins", "project.runs.checkpointing.AsyncAtomicCheckpointIO",
-    "--checkpoint.train_time_interval", "0:00:00", "--checkpoint.save_top_k", "-1",
-    "--checkpoint.filename", "step-{step}", "--trainer.max_epochs", "2", "--model.network.init_args.dropout", "0.3",
+    "--periodic.every", "0:00:00", "--periodic.check_every_n_steps", "7",
+    "--trainer.max_epochs", "2", "--model.network.init_args.dropout", "0.3",
 )  # fmt: skip
 
 
-def test_a_run_resumed_from_a_periodic_background_checkpoint_mid_epoch_ends_with_the_same_weights(tmp_path):
-    reference = run_project("fit", *quick_args(tmp_path / "reference", *PERIODIC), cwd=REPO)
+def test_a_run_failed_after_a_periodic_background_checkpoint_resumes_mid_epoch_to_the_same_weights(tmp_path):
+    """The failure comes while step 28's checkpoint may still be being written: it is finished before the exit."""
+    env = project_env(PYTHONPATH=str(REPO / "tests"))
+    reference = run_project("fit", *quick_args(tmp_path / "reference", *PERIODIC), cwd=REPO, env=env)
     assert reference.returncode == 0, reference.stderr[-3000:]
-    saved = checkpoint_dir(tmp_path / "reference")
-    assert len(list(saved.glob("step-step=*.ckpt"))) == 40 and not list(saved.glob(".*"))  # every step, none partial
-    start = tmp_path / "resumed" / "start.ckpt"
-    start.parent.mkdir()
-    start.write_bytes((saved / "step-step=27.ckpt").read_bytes())
-    resumed = run_project("fit", *quick_args(tmp_path / "resumed", *PERIODIC, "--ckpt_path", str(start)), cwd=REPO)
+    fail_at_30 = ("--trainer.callbacks+=fault_injection.FailAt", "--trainer.callbacks.step", "30")
+    failed = run_project("fit", *quick_args(tmp_path / "run", *PERIODIC, *fail_at_30), cwd=REPO, env=env)
+    assert failed.returncode != 0 and "injected failure on rank 0 at step 30" in failed.stderr
+    saved = checkpoint_dir(tmp_path / "run")
+    assert sorted(path.name for path in saved.iterdir()) == ["epoch=0-step=20.ckpt", "last.ckpt"]  # none partial
+    assert torch.load(saved / "last.ckpt", weights_only=True)["global_step"] == 28
+    resumed = run_project("fit", *quick_args(tmp_path / "run", *PERIODIC, "--ckpt_path", "last"), cwd=REPO, env=env)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    expected = torch.load(saved / "last.ckpt", weights_only=True)
-    final = torch.load(checkpoint_dir(tmp_path / "resumed") / "last.ckpt", weights_only=True)
+    expected = torch.load(last_checkpoint(tmp_path / "reference"), weights_only=True)
+    final = torch.load(last_checkpoint(tmp_path / "run"), weights_only=True)
     assert final["global_step"] == expected["global_step"] == 40
     for name, value in expected["state_dict"].items():
         assert torch.equal(final["state_dict"][name], value), name

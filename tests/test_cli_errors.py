@@ -54,12 +54,13 @@ def test_bad_config_is_refused(capsys, tmp_path, flags, message):
     assert message in _refused(capsys, tmp_path / "run", "fit", *quick_args(tmp_path / "run", *flags))
 
 
-def test_an_interval_that_is_not_a_duration_exits_2_naming_the_key(capsys, tmp_path):
+@pytest.mark.parametrize("key", ["checkpoint.train_time_interval", "periodic.every"])
+def test_an_interval_that_is_not_a_duration_exits_2_naming_the_key(capsys, tmp_path, key):
     run_dir = tmp_path / "run"
     with pytest.raises(SystemExit) as exit_info:
-        main(["fit", *quick_args(run_dir, "--checkpoint.train_time_interval", "30m")])
+        main(["fit", *quick_args(run_dir, f"--{key}", "30m")])
     assert exit_info.value.code == 2 and not run_dir.exists()
-    assert 'Parser key "checkpoint.train_time_interval"' in capsys.readouterr().err
+    assert f'Parser key "{key}"' in capsys.readouterr().err
 
 
 def test_missing_config_file(capsys, tmp_path):

@@ -1,0 +1,53 @@
+"""``PeriodicCheckpoint`` (the ``periodic`` config key): ``last.ckpt`` every so much training time, so that a crash, a
+lost node or a killed job loses at most that much work, whatever the epochs' length. On by default under the cluster
+launchers (``scripts/``, ``CHECKPOINT_EVERY``); off otherwise.
+
+Written by hand because Lightning's ``ModelCheckpoint(train_time_interval=...)`` takes one trigger per callback (it
+would replace the per-epoch checkpoints, and every other callback writing ``last.ckpt`` would clash with its name) and
+broadcasts rank 0's clock at every training step (a collective, and on GPUs a host-device sync, per step).
+"""
+
+import time
+from datetime import timedelta
+
+from lightning.pytorch import Callback, LightningModule, Trainer
+
+from project.runtime.preemption import save_last_checkpoint
+
+
+class PeriodicCheckpoint(Callback):
+    """Saves ``last.ckpt`` (exact: RNG states and the loader's position at that step, as every checkpoint) once
+    ``every`` has passed since the last one, checked every ``check_every_n_steps`` training steps on rank 0's clock.
+
+    Args:
+        every: training time between two checkpoints (``H:MM:SS``, e.g. ``0:30:00``); None: no periodic checkpoint.
+        check_every_n_steps: how often the ranks agree on rank 0's clock (one tiny broadcast): the checkpoint comes at
+            most this many steps late.
+    """
+
+    def __init__(self, every: timedelta | None = None, check_every_n_steps: int = 10) -> None:
+        if check_every_n_steps < 1:
+            raise ValueError(f"periodic.check_every_n_steps must be >= 1, got {check_every_n_steps}")
+        self.every, self.check_every_n_steps = every, check_every_n_steps
+        self._last_save = 0.0
+        self._steps = 0
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._last_save = time.monotonic()
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: object) -> None:
+        if self.every is None:
+            return
+        self._steps += 1
+        if self._steps % self.check_every_n_steps:
+            return
+        due = time.monotonic() - self._last_save >= self.every.total_seconds()
+        if trainer.world_size > 1:
+            due = trainer.strategy.broadcast(due)  # rank 0's clock: every rank saves at the same step
+        if due:
+            save_last_checkpoint(trainer)
+            self._last_save = time.monotonic()
+
+    def on_save_checkpoint(self, *args: object) -> None:
+        """Any checkpoint (per epoch, a preemption stop) restarts the interval: work is lost since the newest one."""
+        self._last_save = time.monotonic()
