@@ -12,7 +12,20 @@
 # every worker of the node, up to MAX_RESTARTS times (default 3); with `--ckpt_path auto` they resume the run from
 # its newest checkpoint. torchrun cannot tell a refusal (exit 2) or the NaN guard (exit 3) from a crash: those are
 # restarted too, within the budget. Each worker records its outcome in PROJECT_EXIT_FILE (the restart's cause).
+#
+# Periodic checkpoints: last.ckpt every CHECKPOINT_EVERY of training (H:MM:SS, default 0:30:00), beside the per-epoch
+# ones, written in the background (the training stalls for a copy only): a crash or a lost node loses at most that
+# much work. CHECKPOINT_EVERY= (empty) turns both off; flags after the script's name win over them.
 set -euo pipefail
+CHECKPOINT_EVERY=${CHECKPOINT_EVERY-0:30:00}
+if [[ -n $CHECKPOINT_EVERY && ! $CHECKPOINT_EVERY =~ ^[0-9]+:[0-5][0-9]:[0-5][0-9]$ ]]; then
+  echo "error: CHECKPOINT_EVERY must be a duration H:MM:SS (e.g. 0:30:00), or empty for none, got '$CHECKPOINT_EVERY'" >&2
+  exit 2
+fi
+periodic=()
+if [[ -n $CHECKPOINT_EVERY ]]; then
+  periodic=(--periodic.every "$CHECKPOINT_EVERY" --trainer.plugins project.runs.checkpointing.AsyncAtomicCheckpointIO)
+fi
 NUM_NODES=${NUM_NODES:-1}
 DEVICES=${DEVICES:-1}
 MAX_RESTARTS=${MAX_RESTARTS:-3}
@@ -35,4 +48,4 @@ PROJECT_EXIT_FILE=${PROJECT_EXIT_FILE:-$(mktemp "${TMPDIR:-/tmp}/rank-exits.XXXX
 export PROJECT_EXIT_FILE
 trap 'rm -f "$PROJECT_EXIT_FILE"' EXIT
 torchrun --nnodes "$NUM_NODES" --nproc-per-node "$DEVICES" "${rendezvous[@]}" --max-restarts "$MAX_RESTARTS" \
-  -m project fit "$@" --trainer.num_nodes "$NUM_NODES" --trainer.devices "$DEVICES"
+  -m project fit ${periodic[@]+"${periodic[@]}"} "$@" --trainer.num_nodes "$NUM_NODES" --trainer.devices "$DEVICES"

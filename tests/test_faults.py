@@ -348,9 +348,16 @@ def test_torchrun_restarts_a_rank_killed_twice_and_the_run_resumes_itself_to_the
 
 
 @pytest.mark.slow
-def test_a_restart_budget_that_is_not_a_count_is_refused_before_anything_starts(tmp_path):
+@pytest.mark.parametrize(
+    ("variable", "value", "message"),
+    [
+        ("MAX_RESTARTS", "three", "MAX_RESTARTS must be a non-negative integer"),
+        ("CHECKPOINT_EVERY", "30m", "CHECKPOINT_EVERY must be a duration H:MM:SS"),  # periodic checkpoints
+    ],
+)
+def test_a_launcher_setting_of_the_wrong_kind_is_refused_before_anything_starts(tmp_path, variable, value, message):
     for script in ("torchrun.sh", "slurm.sbatch"):
-        env = project_env(MAX_RESTARTS="three", SLURM_NNODES="1", SLURM_NTASKS_PER_NODE="1", SLURM_JOB_ID="1")
+        env = project_env(**{variable: value}, SLURM_NNODES="1", SLURM_NTASKS_PER_NODE="1", SLURM_JOB_ID="1")
         result = subprocess.run(
             ["bash", str(REPO / "scripts" / script), *quick_args(tmp_path / "run")],
             cwd=REPO,
@@ -360,7 +367,7 @@ def test_a_restart_budget_that_is_not_a_count_is_refused_before_anything_starts(
             timeout=60,
         )
         assert result.returncode == 2, result.stderr
-        assert "MAX_RESTARTS must be a non-negative integer" in result.stderr and "'three'" in result.stderr
+        assert message in result.stderr and f"'{value}'" in result.stderr
     assert not (tmp_path / "run").exists()
 
 
