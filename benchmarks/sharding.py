@@ -1,12 +1,15 @@
 """FSDP2 against DDP on the same model and processes: memory per rank, and the training stall per checkpoint.
 
     python -m benchmarks.sharding --repeats 3          # JSON to runs/benchmark_sharding/results.json
+    python -m benchmarks.sharding --stall ddp --no-memory    # the single-file stall alone
 
 - memory: after a few steps, each rank's bytes of parameters, gradients and optimizer state (its own shards under
   FSDP2) and its peak RSS, for DDP and FSDP2 on 2 processes; the ratio of model-state bytes FSDP2 / DDP.
 - checkpoint stall: FSDP2 on 2 processes saving ``last.ckpt`` every few steps, synchronously and in the background
   (``async_save``), alternating; the time each save holds training (``trainer.save_checkpoint``'s time, which includes
   waiting for the previous background save), median over the saves of every repeat, against the synchronous save.
+  The same for DDP's single file (``--stall ddp``): ``AtomicCheckpointIO`` against ``AsyncAtomicCheckpointIO``
+  (``runs/checkpointing.py``: a copy of the tensors at the step, the write in a thread).
 
 The model is the digits MLP made wide (hidden sizes 4096, 4096: 17M parameters, a 134 MB checkpoint with SGD's
 momentum), real fits of ``python -m project fit`` with a probe callback (this module, by class path).
@@ -30,6 +33,11 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 REPO = Path(__file__).resolve().parents[1]
 WIDE = ["--model.network.init_args.hidden_sizes", "[4096, 4096]", "--trainer.enable_progress_bar", "false"]
 FSDP = ["--config", str(REPO / "configs" / "fsdp.yaml")]
+WRITER = "--trainer.plugins=project.runs.checkpointing."
+STALL_FLAGS = {  # (synchronous, asynchronous) flags of each kind of checkpoint
+    "fsdp2": tuple([*FSDP, "--trainer.strategy.init_args.async_save", side] for side in ("false", "true")),
+    "ddp": tuple([WRITER + name] for name in ("AtomicCheckpointIO", "AsyncAtomicCheckpointIO")),
+}
 
 
 def local_bytes(tensor: torch.Tensor) -> int:
@@ -104,19 +112,28 @@ def memory(workdir: Path) -> dict[str, Any]:
     return {"per_rank": rows, "model_state_bytes": state, "ratio_fsdp2_to_ddp": state["fsdp2"] / state["ddp"]}
 
 
-def stall(workdir: Path, repeats: int, steps: int, every: int) -> dict[str, Any]:
+def stall(workdir: Path, kind: str, repeats: int, steps: int, every: int) -> dict[str, Any]:
     saves: dict[str, list[float]] = {"sync": [], "async": []}
     for repeat in range(repeats):
-        for side in ("sync", "async"):  # alternating
-            out = workdir / f"stall-{side}-{repeat}"
+        for side, side_flags in zip(("sync", "async"), STALL_FLAGS[kind], strict=True):  # alternating
+            out = workdir / f"stall-{kind}-{side}-{repeat}"
             out.mkdir(parents=True)
             timer = ["--trainer.callbacks+=benchmarks.sharding.SaveTimer", "--trainer.callbacks.output_dir", str(out)]
             checkpoints = ["--checkpoint.every_n_train_steps", str(every), "--checkpoint.save_top_k", "0"]
-            flags = [*FSDP, "--trainer.strategy.init_args.async_save", str(side == "async").lower(), *checkpoints]
-            fit(out, *flags, *timer, "--trainer.max_steps", str(steps), "--trainer.limit_val_batches", "0")
+            fit(
+                out,
+                *side_flags,
+                *checkpoints,
+                *timer,
+                "--trainer.max_steps",
+                str(steps),
+                "--trainer.limit_val_batches",
+                "0",
+            )
             saves[side] += json.loads((out / "saves.json").read_text())
-    checkpoint = next(workdir.glob("stall-sync-0/**/last.ckpt"))
-    size = sum(path.stat().st_size for path in checkpoint.rglob("*") if path.is_file())
+    checkpoint = next(workdir.glob(f"stall-{kind}-sync-0/**/last.ckpt"))
+    files = checkpoint.rglob("*") if checkpoint.is_dir() else [checkpoint]
+    size = sum(path.stat().st_size for path in files if path.is_file())
     medians = {side: statistics.median(seconds) for side, seconds in saves.items()}
     return {
         "checkpoint_bytes": size,
@@ -131,26 +148,32 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="alternating runs of each side of the stall row")
     parser.add_argument("--steps", type=int, default=40, help="training steps per stall run")
     parser.add_argument("--every", type=int, default=8, help="steps between checkpoints")
+    parser.add_argument("--stall", nargs="*", choices=sorted(STALL_FLAGS), default=["fsdp2", "ddp"], help="stall rows")
+    parser.add_argument("--no-memory", action="store_true", help="skip the memory row")
     parser.add_argument("--output", type=Path, default=REPO / "runs" / "benchmark_sharding" / "results.json")
     args = parser.parse_args()
+    results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="benchmark-sharding-") as scratch:
-        results = {
-            "memory": memory(Path(scratch)),
-            "checkpoint_stall": stall(Path(scratch), args.repeats, args.steps, args.every),
-        }
+        if not args.no_memory:
+            results["memory"] = memory(Path(scratch))
+        for kind in args.stall:
+            results[f"checkpoint_stall_{kind}"] = stall(Path(scratch), kind, args.repeats, args.steps, args.every)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(results, indent=2) + "\n")
-    mem, ckpt = results["memory"], results["checkpoint_stall"]
-    print(
-        "memory per rank, parameters + gradients + optimizer state:"
-        f" DDP {mem['model_state_bytes']['ddp'] / 2**20:.1f} MiB, FSDP2 {mem['model_state_bytes']['fsdp2'] / 2**20:.1f}"
-        f" MiB: ratio {mem['ratio_fsdp2_to_ddp']:.3f}"
-    )
-    print(
-        f"checkpoint of {ckpt['checkpoint_bytes'] / 1e6:.0f} MB: training stall per save, median: synchronous"
-        f" {ckpt['median_s']['sync'] * 1e3:.0f} ms, asynchronous {ckpt['median_s']['async'] * 1e3:.0f} ms:"
-        f" ratio {ckpt['ratio_async_to_sync']:.3f}"
-    )
+    if "memory" in results:
+        mem = results["memory"]
+        print(
+            "memory per rank, parameters + gradients + optimizer state:"
+            f" DDP {mem['model_state_bytes']['ddp'] / 2**20:.1f} MiB,"
+            f" FSDP2 {mem['model_state_bytes']['fsdp2'] / 2**20:.1f} MiB: ratio {mem['ratio_fsdp2_to_ddp']:.3f}"
+        )
+    for kind in args.stall:
+        ckpt = results[f"checkpoint_stall_{kind}"]
+        print(
+            f"{kind}, checkpoint of {ckpt['checkpoint_bytes'] / 1e6:.0f} MB: training stall per save, median:"
+            f" synchronous {ckpt['median_s']['sync'] * 1e3:.0f} ms, asynchronous {ckpt['median_s']['async'] * 1e3:.0f}"
+            f" ms: ratio {ckpt['ratio_async_to_sync']:.3f}"
+        )
     print(f"written to {args.output}")
 
 
