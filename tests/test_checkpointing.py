@@ -8,7 +8,16 @@ import time
 import numpy as np
 import pytest
 import torch
-from conftest import REPO, checkpoint_dir, finish, last_checkpoint, project_env, quick_args, run_project, start_python
+from conftest import (
+    REPO,
+    checkpoint_dir,
+    finish,
+    last_checkpoint,
+    project_env,
+    quick_args,
+    run_project,
+    start_python,
+)
 from torch.utils.data import SequentialSampler
 
 from project.data.loaders import TensorBatchLoader
@@ -104,7 +113,8 @@ def test_a_run_failed_after_a_periodic_background_checkpoint_resumes_mid_epoch_t
     saved = checkpoint_dir(tmp_path / "run")
     assert sorted(path.name for path in saved.iterdir()) == ["epoch=0-step=20.ckpt", "last.ckpt"]  # none partial
     assert torch.load(saved / "last.ckpt", weights_only=True)["global_step"] == 28
-    resumed = run_project("fit", *quick_args(tmp_path / "run", *PERIODIC, "--ckpt_path", "last"), cwd=REPO, env=env)
+    resume = quick_args(tmp_path / "run", *PERIODIC, "--ckpt_path", "last")
+    resumed = run_project("fit", *resume, cwd=REPO, env=env)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     expected = torch.load(last_checkpoint(tmp_path / "reference"), weights_only=True)
     final = torch.load(last_checkpoint(tmp_path / "run"), weights_only=True)

@@ -190,8 +190,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 class AsyncAtomicCheckpointIO(AtomicCheckpointIO):
     """Saves atomically in a background thread, after a copy of every tensor taken at the step (the training stalls
-    for the copy only). Chosen with ``--trainer.plugins project.runs.checkpointing.AsyncAtomicCheckpointIO``, as the
-    cluster launchers do (``scripts/``); ``AtomicCheckpointIO``, synchronous, is the default otherwise.
+    for the copy only). Chosen with ``--trainer.plugins`` and this class's path, as the cluster launchers do
+    (``scripts/``); ``AtomicCheckpointIO``, synchronous, is the default otherwise.
 
     Written by hand because Lightning's ``AsyncCheckpointIO`` queues any number of copies and offers no wait short of
     its teardown: here one write at most is pending, and it is finished before the next save, a removal or a load, at
