@@ -79,6 +79,11 @@ def test_a_background_save_writes_what_a_synchronous_one_does_as_it_was_at_the_c
     assert torch.equal(background["state_dict"]["w"], sync["state_dict"]["w"])
     assert torch.equal(background["rng_states"][0]["torch"], rng)
     assert sorted(path.name for path in tmp_path.iterdir()) == ["async.ckpt", "sync.ckpt"]
+    writer.save_checkpoint(checkpoint, tmp_path / "again.ckpt")  # the same shapes: into the first save's copies
+    writer.teardown()
+    again = torch.load(tmp_path / "again.ckpt", weights_only=True)
+    assert torch.equal(again["state_dict"]["w"], weights) and again["loops"] == {"batch": 4}
+    assert torch.equal(torch.load(tmp_path / "async.ckpt", weights_only=True)["state_dict"]["w"], sync["state_dict"]["w"])
 
 
 def test_a_background_save_that_fails_raises_at_the_next_save_and_keeps_the_previous_checkpoint(tmp_path):
