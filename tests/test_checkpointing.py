@@ -106,6 +106,7 @@ PERIODIC = (
 )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_run_failed_after_a_periodic_background_checkpoint_resumes_mid_epoch_to_the_same_weights(tmp_path):
     """The failure comes while step 28's checkpoint may still be being written: it is finished before the exit."""
     env = project_env(PYTHONPATH=str(REPO / "tests"))
