@@ -1,13 +1,14 @@
 """``python -m project COMMAND``, the one entry point: Lightning's commands (``fit``, ``validate``, ``test``,
 ``predict``: cli.py) and the template's own (``COMMANDS``, in commands/).
 
-The rest is imported inside ``main``, after SLURM's requeue signal is caught: importing torch takes seconds on a busy
-node, and SLURM may send the signal that early (runtime/requeue_signal.py).
+The rest is imported inside ``main``, after SLURM's requeue signal and Ctrl-C are caught: importing torch takes
+seconds on a busy node, and SLURM may send the signal that early (runtime/requeue_signal.py, early_interrupt.py).
 """
 
 import importlib
 import sys
 
+from project.runtime.early_interrupt import EarlyInterrupt
 from project.runtime.requeue_signal import EarlyRequeueSignal
 
 # The template's commands: module (with a ``main(argv) -> exit code``) and what it does, for --help.
@@ -23,6 +24,10 @@ COMMANDS = {
 
 def main(args: list[str] | None = None) -> None:
     EarlyRequeueSignal.catch()
+    argv = sys.argv[1:] if args is None else args
+    command = argv[0] if argv[:1] and argv[0] in COMMANDS else None
+    if command is None:  # Lightning's commands; the template's own handle Ctrl-C themselves
+        EarlyInterrupt.catch()
     import torch.distributed as dist
 
     from project.cli import build_cli
@@ -34,11 +39,10 @@ def main(args: list[str] | None = None) -> None:
 
     apply_debug_switch()
     silence_known_noise()
-    argv = sys.argv[1:] if args is None else args
     prog = program_name(sys.argv[0])
     try:
-        if argv[:1] and argv[0] in COMMANDS:
-            sys.exit(importlib.import_module(COMMANDS[argv[0]][0]).main(argv[1:]))
+        if command is not None:
+            sys.exit(importlib.import_module(COMMANDS[command][0]).main(argv[1:]))
         epilog = "; ".join(f"{name}: {help}" for name, (_, help) in COMMANDS.items())
         epilog = f"The template's own commands ({prog} COMMAND --help for each): {epilog}."
         build_cli(args, prog=prog, epilog=epilog)
@@ -51,6 +55,7 @@ def main(args: list[str] | None = None) -> None:
         restarts.record_exit(error)
         raise
     finally:
+        EarlyInterrupt.disarm()
         # torch asks every process to destroy its group before exiting; Lightning does so only for NCCL. Left to the
         # interpreter's exit, gloo's threads can abort it (pytorch/pytorch#190489).
         if dist.is_initialized():

@@ -402,6 +402,31 @@ def test_a_peer_that_never_arrives_fails_after_the_configured_timeout(tmp_path):
 
 
 @pytest.mark.slow
+def test_ctrl_c_while_the_ranks_wait_for_a_peer_stops_every_process_at_once_with_130(tmp_path):
+    """Node 0 of two, 2 processes, node 1 never starts: both ranks wait in torch's C++ rendezvous, where Python's
+    KeyboardInterrupt cannot reach them until the timeout (60 s here, 30 minutes by default). Ctrl-C to the process
+    group, as a terminal sends it: every process ends within seconds with exit 130, and nothing is written."""
+    timeout = ("--trainer.strategy.init_args.timeout", "0:01:00")
+    args = quick_args(tmp_path / "run", "--trainer.num_nodes", "2", "--trainer.devices", "2", *timeout)
+    env = project_env(NODE_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    run = start_python("-c", FROM_A_TERMINAL, "fit", *args, cwd=REPO, env=env)
+    deadline = time.monotonic() + 120
+    while not run.stderr.exists() or run.stderr.read_text().count("MEMBER: ") < 2:  # both ranks in the rendezvous
+        assert time.monotonic() < deadline, "the ranks never reached the rendezvous"
+        time.sleep(0.1)
+    time.sleep(1)  # inside the C++ wait
+    os.killpg(run.pid, signal.SIGINT)
+    pressed = time.monotonic()
+    stopped = finish(run, timeout=90)
+    seconds = time.monotonic() - pressed
+    assert stopped.returncode == INTERRUPTED_EXIT_CODE, stopped.stderr[-3000:]
+    assert stopped.stderr.count("stopped at once, before training: nothing saved") == 2, stopped.stderr[-3000:]
+    assert seconds < 15
+    assert processes_left(stopped) == []
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
 def test_a_rank_that_hangs_without_dying_is_named_within_the_timeout_with_the_stacks_of_the_others(tmp_path):
     """SIGSTOP to rank 1 at step 5 of 2 processes with a 20 s process-group timeout: rank 0 waits in the next
     gradient all-reduce, prints where it waits, fails at the timeout naming rank 1 and stops it."""

@@ -143,39 +143,48 @@ def test_a_job_that_reaches_its_time_limit_is_requeued_and_loses_nothing(referen
     assert len(steps) == len(set(steps)) and steps  # no step logged twice
 
 
-@pytest.mark.parametrize(
-    "command",
-    [["scancel", "--signal=TERM"], ["scancel"], ["scontrol", "requeue"]],
-    ids=["scancel-TERM", "scancel", "scontrol-requeue"],
-)
-def test_a_job_the_scheduler_stops_saves_the_step_every_rank_stopped_at_and_resumes_exactly(
-    reference, tmp_path, command
-):
-    run_dir = tmp_path / "run"
-    job = submit(tmp_path, run_dir, "--requeue", fit=slow(0.05))
-    wait_for(run_dir / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt")  # training is under way
-    signalled = time.monotonic()
-    subprocess.run([*command, job], check=True, capture_output=True)
-    requeue = command[0] == "scontrol"
-    if requeue:
-        release_when_requeued(job)
-    state, text = finished(job, tmp_path)
+def stopped_once(text: str) -> int:
+    """The one step every rank of a job's run stopped at, from the ranks' preemption reports in TEXT."""
     stops = stop_lines(text)
     assert set(stops) == {0, 1} and len(set(stops.values())) == 1, text[-4000:]  # every rank, the same step
     [step] = set(stops.values())
-    assert step % CHECK_EVERY == 0 and 0 < step < EPOCHS * STEPS_PER_EPOCH
-    if requeue:
-        assert (state["state"], state["exit_code"], state["restarts"]) == ("COMPLETED", 0, 1), state
-    else:
+    assert step % CHECK_EVERY == 0 and 0 < step < EPOCHS * STEPS_PER_EPOCH, step
+    return step
+
+
+def test_a_job_scontrol_requeues_saves_the_step_every_rank_stopped_at_and_resumes_by_itself(reference, tmp_path):
+    run_dir = tmp_path / "run"
+    job = submit(tmp_path, run_dir, "--requeue", fit=slow(0.05))
+    wait_for(run_dir / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt")  # training is under way
+    subprocess.run(["scontrol", "requeue", job], check=True, capture_output=True)
+    release_when_requeued(job)
+    state, text = finished(job, tmp_path)
+    stopped_once(text)
+    assert (state["state"], state["exit_code"], state["restarts"]) == ("COMPLETED", 0, 1), state
+    assert_same_weights(last_weights(run_dir), last_weights(reference[0]))
+    assert [path.name for path in (run_dir / "lightning_logs").iterdir()] == ["version_0"]
+
+
+def test_jobs_scancel_stops_save_the_step_every_rank_stopped_at_and_resume_with_ckpt_path_last(reference, tmp_path):
+    """One run stopped twice: `scancel --signal=TERM` (the job ends FAILED with 143), then, resubmitted with
+    `--ckpt_path last`, plain `scancel` (CANCELLED); each time last.ckpt holds the step every rank stopped at, and the
+    third submission ends with the uninterrupted run's weights, in the same run folder."""
+    run_dir, steps = tmp_path / "run", []
+    slowed = (*slow(0.05), "--trainer.callbacks.first_attempt_only", "false")
+    for command, ended in ((["scancel", "--signal=TERM"], ("FAILED", 143)), (["scancel"], ("CANCELLED",))):
+        job = submit(tmp_path, run_dir, fit=(*slowed, "--ckpt_path", "last") if steps else slowed)
+        wait_for_step(run_dir, (steps[-1] if steps else 0) + 1)  # this job's training is under way
+        signalled = time.monotonic()
+        subprocess.run([*command, job], check=True, capture_output=True)
+        state, text = finished(job, tmp_path)
         print(f"{' '.join(command)}: job ended {time.monotonic() - signalled:.1f} s after the signal: {state}")
-        assert torch.load(last_checkpoint(run_dir), weights_only=True)["global_step"] == step  # last.ckpt: that step
-        if command == ["scancel", "--signal=TERM"]:
-            assert (state["state"], state["exit_code"]) == ("FAILED", 143), state
-        else:
-            assert state["state"] == "CANCELLED", state
-        resumed = submit(tmp_path, run_dir, fit=("--ckpt_path", "last"))
-        state, text = finished(resumed, tmp_path)
-        assert (state["state"], state["exit_code"]) == ("COMPLETED", 0), f"{state}\n{text[-4000:]}"
+        steps.append(stopped_once(text))
+        assert (state["state"], state["exit_code"])[: len(ended)] == ended, state
+        assert saved_step(run_dir) == steps[-1]  # last.ckpt: that step
+    assert steps[0] < steps[1]
+    resumed = submit(tmp_path, run_dir, fit=("--ckpt_path", "last"))
+    state, text = finished(resumed, tmp_path)
+    assert (state["state"], state["exit_code"]) == ("COMPLETED", 0), f"{state}\n{text[-4000:]}"
     assert_same_weights(last_weights(run_dir), last_weights(reference[0]))
     assert [path.name for path in (run_dir / "lightning_logs").iterdir()] == ["version_0"]
 

@@ -51,6 +51,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from project import lightning_internals as internals
 from project.runs.folders import resume_command, slurm_job_id
 from project.runs.restarts import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE
+from project.runtime.early_interrupt import EarlyInterrupt
 from project.runtime.faults import Stopped, finish_pending_save, report
 from project.runtime.requeue_signal import EarlyRequeueSignal
 from project.runtime.strategy import process_group_timeout
@@ -113,6 +114,7 @@ class PreemptionCheck(Callback):
 
     def install(self, trainer: Trainer) -> None:
         """In ``setup("fit")`` on every rank: after the process group, before Lightning registers handlers."""
+        EarlyInterrupt.disarm()  # Ctrl-C is this check's from now on
         self.signalled, self._steps, self._launched = 0, 0, []
         self._pid, self._announce = os.getpid(), trainer.local_rank == 0  # a terminal's Ctrl-C reaches local rank 0
         self._previous_sigint = signal.getsignal(signal.SIGINT)
@@ -167,9 +169,9 @@ class PreemptionCheck(Callback):
         self.restore_interrupt_handler()
         for proc in [*self._launched, *detach_launched_ranks(trainer)]:  # out of Lightning's watch: it would kill
             proc.kill()  # this process too
-        if not isinstance(exception, Interrupted):  # Lightning's handling of KeyboardInterrupt: it exits 1
+        if not isinstance(exception, Interrupted):  # before install: Lightning's handling would exit 1
             report(f"rank {trainer.global_rank}: Ctrl-C at step {trainer.global_step}: stopped without saving")
-            return
+            raise Interrupted("Ctrl-C before the first training step") from exception
         report(
             f"rank {trainer.global_rank}: {exception.when}: stopped at step {trainer.global_step} without saving"
             f" (the last checkpoint written stays); exiting with {INTERRUPTED_EXIT_CODE}"
