@@ -66,6 +66,16 @@ def process_guard(item: pytest.Item) -> contextlib.AbstractContextManager:
     return contextlib.nullcontext() if item.get_closest_marker("slow") else no_child_processes(item.nodeid)
 
 
+# The longest files first (their share of the suite in its last runs): xdist hands whole files to its 2 workers
+# (--dist loadfile) in collection order, and a long file started late is the suite's tail on one worker.
+LONGEST_FIRST = ("test_slurm.py", "test_template.py", "test_faults.py", "test_fsdp.py", "test_resume.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: index for index, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONGEST_FIRST)))  # stable: files stay whole
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_setup(item: pytest.Item):  # module-scoped fixtures run here: a shared run counts too
     with process_guard(item):
