@@ -40,6 +40,7 @@ from project.cli import build_cli
 from project.runs.folders import resume_command
 from project.runs.restarts import DETERMINISTIC_EXIT_CODE, INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE
 from project.runs.resume_state import ResumeState
+from project.runtime.early_interrupt import EarlyInterrupt
 from project.runtime.faults import FailFast
 from project.runtime.nan_guard import NaNGuard
 from project.runtime.preemption import PreemptionCheck
@@ -399,6 +400,22 @@ def test_a_peer_that_never_arrives_fails_after_the_configured_timeout(tmp_path):
     assert re.search(r"Timed out after \d+ seconds waiting for clients. 1/2 clients joined", result.stderr)
     assert 5 <= seconds < 60
     assert not (tmp_path / "run").exists()
+
+
+def test_the_early_ctrl_c_watch_ends_and_gives_back_the_wakeup_fd_it_replaced(monkeypatch):
+    """`main` in a notebook, whose event loop has a wakeup fd of its own: after the run, that fd is back."""
+    monkeypatch.setattr(signal, "getsignal", lambda signum: signal.default_int_handler)  # as in a terminal
+    reader, writer = socket.socketpair()
+    writer.setblocking(False)
+    theirs = signal.set_wakeup_fd(writer.fileno())
+    try:
+        EarlyInterrupt.catch()
+        assert EarlyInterrupt.armed
+        EarlyInterrupt.disarm()
+        assert not EarlyInterrupt.armed and signal.set_wakeup_fd(-1) == writer.fileno()
+    finally:
+        signal.set_wakeup_fd(theirs)
+        reader.close(), writer.close()
 
 
 @pytest.mark.slow

@@ -21,6 +21,7 @@ GRACE_S = 1.0  # for the main thread to stop by itself, where it runs Python cod
 class EarlyInterrupt:
     armed = False
     _writer: socket.socket | None = None
+    _previous_fd = -1  # the wakeup fd set before (an asyncio loop's, in a notebook), put back by ``disarm``
     _fork_hook = False
 
     @classmethod
@@ -33,7 +34,7 @@ class EarlyInterrupt:
             and signal.getsignal(signal.SIGINT) is signal.default_int_handler
             and threading.current_thread() is threading.main_thread()
         ):
-            cls._watch()
+            cls._previous_fd = cls._watch()
             if not cls._fork_hook:
                 os.register_at_fork(after_in_child=cls._after_fork)
                 cls._fork_hook = True
@@ -43,16 +44,18 @@ class EarlyInterrupt:
         """The run's own handler has taken over (main thread): the watch ends."""
         if cls.armed:
             cls.armed = False
-            signal.set_wakeup_fd(-1)
+            signal.set_wakeup_fd(cls._previous_fd)
             cls._writer.close()  # the watching thread reads the end of the stream and ends
 
     @classmethod
-    def _watch(cls) -> None:
+    def _watch(cls) -> int:
+        """Starts the watching thread; returns the wakeup fd it replaced."""
         reader, cls._writer = socket.socketpair()
         cls._writer.setblocking(False)
-        signal.set_wakeup_fd(cls._writer.fileno(), warn_on_full_buffer=False)
+        previous = signal.set_wakeup_fd(cls._writer.fileno(), warn_on_full_buffer=False)
         cls.armed = True
         threading.Thread(target=cls._wait, args=(reader,), name="early-interrupt", daemon=True).start()
+        return previous
 
     @classmethod
     def _wait(cls, reader: socket.socket) -> None:
