@@ -226,17 +226,22 @@ def release_when_requeued(job_id: str, restarts: int = 1, timeout: float = 180, 
 
     Released while the nodes still clean up the previous run, the job was killed as "non-startable: Job credential
     revoked" and ended FAILED (PITFALLS.md, 29): the steps' processes must be gone first, then the controller must
-    show no step of the job. UPDATES (``TimeLimit=5``, ...) are made in the same ``scontrol update``."""
-    start, deadline = time.monotonic(), time.monotonic() + timeout
+    show no step of the job. Those held 60 ms after a requeue and the job was still killed so (a CI run): the nodes must
+    also be done completing, and all of it must hold for 2 s. UPDATES (``TimeLimit=5``, ...) are made in the same
+    ``scontrol update``."""
+    start, deadline, ready_since = time.monotonic(), time.monotonic() + timeout, None
     while time.monotonic() < deadline:
         state = job_state(job_id)
-        if (
+        ready = (
             state
             and state["state"] == "PENDING"
             and state.get("restarts", 0) >= restarts
             and not job_processes(job_id)
             and not _run("squeue", "-h", "-s", "-j", str(job_id)).stdout.strip()
-        ):
+            and "completing" not in _run("sinfo", "-h", "-o", "%T").stdout.lower()
+        )
+        ready_since = (ready_since or time.monotonic()) if ready else None
+        if ready_since is not None and time.monotonic() - ready_since >= 2:
             _run("scontrol", "update", f"JobId={job_id}", "StartTime=now", *updates)
             return time.monotonic() - start
         time.sleep(0.3)
