@@ -24,6 +24,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from project import lightning_internals as internals
 from project.messages import first_line, report
 from project.runs.restarts import exit_code_for, record_outcome
+from project.runtime.rendezvous import StartupFailed
 from project.runtime.strategy import process_group_timeout
 
 # The process that started this one: for a rank that Lightning's launcher re-ran, rank 0 (launcher.py sets it in a
@@ -68,6 +69,8 @@ class FailFast(Callback):
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         if isinstance(exception, (Stopped, KeyboardInterrupt)):  # not a failure: PreemptionCheck ends the run
             self.heartbeat.stop()
+        elif isinstance(exception, StartupFailed):  # the ranks never met: reported, nothing launched yet to stop
+            return
         else:
             record_outcome(exit_code_for(exception), self.report_failure(trainer, exception))
 
