@@ -21,6 +21,8 @@ from warm_start import WarmRun, WarmServer
 
 from project.runtime.known_noise import silence_known_noise
 
+pytest_plugins = ["multi_host"]  # the `hosts` fixture: several hosts with network stacks of their own
+
 silence_known_noise()  # as every command does (project/__main__.py)
 
 # In-process runs share the 2 cores with the other worker's runs: OpenMP threads that wait for a busy core cost

@@ -92,11 +92,15 @@ def test_missing_or_unreachable_peers_fail_within_the_timeout():
             env = project_env(NODE_RANK=node_rank, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
             args = ("doctor", "--num-nodes", num_nodes, "--timeout", str(timeout))
             runs.append((case, start_python("-m", "project", *args, cwd=REPO, env=env)))
+    measured = {  # what each process measured (runtime/rendezvous.py), not a list of guesses
+        "peer missing": "node rank 1 never joined the rendezvous",
+        "wrong address or port": "nothing listens at that port (connection refused)",
+        "world size too large": "node rank 2 never joined the rendezvous",
+    }
     for case, run in runs:
         result = finish(run, timeout=90)  # a hang fails here
         assert result.returncode == 1, f"{case}: {result.stderr[-2000:]}"
-        assert f"did not form within {timeout} s" in result.stderr, f"{case}: {result.stderr[-2000:]}"
-        assert "MASTER_PORT" in result.stderr and "NCCL_SOCKET_IFNAME" in result.stderr  # the hint
+        assert measured[case] in result.stderr and "Traceback" not in result.stderr, f"{case}: {result.stderr[-2000:]}"
     assert time.monotonic() - start >= timeout  # they waited for the peers before giving up
 
 

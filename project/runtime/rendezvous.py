@@ -15,6 +15,7 @@ group forms, through the same TCP store it will use (public torch API), the rank
 The store then serves the process group, with the training timeout.
 """
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -37,6 +38,7 @@ from project.runtime import network
 REFUSED = 2  # a setting that cannot work (runs/restarts.py's refusal): restarting would end the same way
 UNREACHED = 1  # the network did not let the ranks meet: may be transient, and the launchers' restarts may retry it
 POLL_S = 0.1
+LINGER_S = 5.0
 PROBE_S = 5.0  # a data connection that has not opened in this long is dropped on the way
 PROCESS_GROUP_KEYS = "project/process_group"  # the store's key space for the process group, apart from the start-up's
 NODE_LOCAL_KEYS = (
@@ -99,29 +101,57 @@ def _template_version() -> str:
     return f"{version} ({digest.hexdigest()[:12]})"
 
 
-def meet(
-    address: str, port: int, member: Member, timeout: timedelta, say: Callable[[str], None] = report
-) -> dist.Store:
+def meet(address: str, port: int, member: Member, timeout: timedelta) -> dist.Store:
     """Starts or reaches the run's TCP store at ADDRESS:PORT (rank 0 starts it), checks everything above within
     TIMEOUT, and returns the store for the process group. Raises ``StartupFailed`` on every rank otherwise."""
     deadline = time.monotonic() + timeout.total_seconds()
-    choice = _choose_interface(address, port, pick=member.nodes > 1)
-    if choice and member.local_rank == 0:
-        say(choice)
     ip = _resolve(address, port)
-    if member.rank == 0:
-        store = _serve(address, port, member.world, timeout)
+    if member.rank == 0:  # listens on every address; connects to itself at MASTER_ADDR if that is its own
+        store = _serve(ip if _is_local(ip) else "127.0.0.1", port, member.world, timeout)
     else:
         _reach(address, ip, port, deadline, member)
         store = dist.TCPStore(address, port, member.world, is_master=False, timeout=_left(deadline))
-    check_members(store, member, deadline, f"{address}:{port}")
+    try:
+        check_members(store, member, deadline, f"{address}:{port}")
+    except StartupFailed as error:
+        if member.rank == 0:
+            _linger(store, member)
+        if member.rank == 0 and not _is_local(ip):  # NODE_RANK 0 on the wrong host, or MASTER_ADDR wrong
+            raise StartupFailed(
+                f"{error}; and MASTER_ADDR {address} is not an address of this host ({socket.gethostname()}), which"
+                " started as NODE_RANK 0: it must be node 0's own address",
+                error.exit_code,
+            ) from None
+        raise
     return store
 
 
-def join(address: str, port: int, member: Member, timeout: timedelta) -> dist.Store:
+def _linger(store: dist.Store, member: Member) -> None:
+    """Rank 0 serves the store: it waits (a few seconds at most) for the ranks that came to read why they end."""
+    startup = dist.PrefixStore("project/startup", store)
+    deadline = time.monotonic() + LINGER_S
+    while time.monotonic() < deadline and startup.add("ended", 0) < startup.add("connected", 0) - 1:
+        time.sleep(POLL_S)
+
+
+def _is_local(ip: str) -> bool:
+    with socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET) as probe:
+        try:
+            probe.bind((ip, 0))
+            return True
+        except OSError:
+            return False
+
+
+def join(
+    address: str, port: int, member: Member, timeout: timedelta, say: Callable[[str], None] = report
+) -> dist.Store:
     """The store the ranks met in (under torchrun the agent's, ``attempt_store``, where torchrun's own rendezvous has
     gathered the nodes; elsewhere the one rank 0 starts, ``meet``): the process group forms in it under the key space
     ``PROCESS_GROUP_KEYS``."""
+    choice = _choose_interface(address, port, pick=member.nodes > 1)
+    if choice and member.local_rank == 0:
+        say(choice)
     store = attempt_store(timeout)
     if store is None:
         store = meet(address, port, member, timeout)
@@ -153,6 +183,11 @@ def check_members(store: dist.Store, member: Member, deadline: float, where: str
         _wait_for_all(store, member, deadline, where)
         verdict = _disagreement(store, member) or (_probe_nodes(store, member, deadline) if listener else "")
         _agree_on_verdicts(store, member, verdict, deadline, where)
+    except StartupFailed:
+        if member.rank != 0:
+            with contextlib.suppress(RuntimeError):  # the store's host may be gone already
+                store.add("ended", 1)
+        raise
     finally:
         if listener is not None:
             listener.close()
@@ -191,14 +226,12 @@ def _serve(address: str, port: int, world: int, timeout: timedelta) -> dist.Stor
 def _reach(address: str, ip: str, port: int, deadline: float, member: Member) -> None:
     """Connects to the store's port until it answers or the deadline passes; says why it never did."""
     last: OSError | None = None
-    tries = 0
     while True:
-        tries += 1
         try:
-            socket.create_connection((ip, port), timeout=max(min(3.0, _left_s(deadline)), 0.1)).close()
+            socket.create_connection((ip, port), timeout=max(min(PROBE_S, _left_s(deadline)), 0.1)).close()
             return
-        except OSError as error:
-            last = error
+        except OSError as error:  # an error the kernel named says more than a timeout cut short by the deadline
+            last = error if error.errno or last is None or not last.errno else last
         if _left_s(deadline) <= 0:
             break
         time.sleep(min(POLL_S * 2, max(_left_s(deadline), 0)))
@@ -250,6 +283,7 @@ def _data_address() -> str:
 
 def _arrive(store: dist.Store, member: Member, listener: socket.socket | None) -> None:
     host = socket.gethostname()
+    store.add("connected", 1)  # rank 0 waits for as many to end before its store goes (``_linger``)
     claims = store.add(f"claim/{member.rank}", 1)
     if claims > 1:
         store.set(f"claim/{member.rank}/{claims}", host)
