@@ -1,15 +1,18 @@
 """Writes a cookiecutter template of this repository: every committed file, with the package's name as a variable.
 
-    python scripts/make_template.py /tmp/lightning-template
-    cookiecutter /tmp/lightning-template          # asks for project_name, package_name, author, description
+    python scripts/make_template.py ../lightning-template
+    cruft create ../lightning-template           # asks for project_name, package_name, author, description
+    python scripts/make_template.py ../lightning-template   # later: the template's next version, one more commit
+    cd ../my-project && cruft update             # brings that version into the project, keeping its owner's edits
 
 The repository stays the one source of truth: the template is generated, never edited. It is made from the last
 commit, and refused while the working tree has uncommitted changes (they would be silently left out);
 ``--worktree`` makes it from the files as they are on disk instead, ``--ref`` from another commit.
 Only real references to the package are replaced (see REFERENCE_PATTERNS), not the English
 word; any text that Jinja would read (``{{``, ``{%``, ``{#``) is wrapped in raw blocks,
-so it reaches the new project unchanged. The new project is a git repository with one commit (the post-generation
-hook). Needs Python 3.11+ (tomllib).
+so it reaches the new project unchanged. The template is a git repository, one commit per version: cruft records
+that commit in each project it creates (.cruft.json) and diffs two of them to update one. A project rendered by plain
+cookiecutter is a git repository with one commit (the post-generation hook). Needs Python 3.11+ (tomllib).
 """
 
 import argparse
@@ -17,6 +20,7 @@ import importlib.util
 import io
 import json
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -79,7 +83,9 @@ if not (package_name.isascii() and package_name.isidentifier()) or keyword.iskey
 POST_GEN_HOOK = '''"""Makes the new project a git repository holding one commit of everything cookiecutter wrote.
 
 Without a git identity configured, the template's author makes the commit. A failure leaves the project as written
-and says so (a failing hook would make cookiecutter delete it)."""
+and says so (a failing hook would make cookiecutter delete it). Not when cruft renders it: `cruft update` diffs two
+renders of the template, where a repository of their own would be part of the diff; after `cruft create` the owner
+commits, .cruft.json included (docs/development.md)."""
 
 import shutil
 import subprocess
@@ -87,6 +93,7 @@ import sys
 
 AUTHOR = {{ cookiecutter.author | tojson }}
 MESSAGE = "New project from the Lightning template: " + {{ cookiecutter.project_name | tojson }}
+RENDERED_BY_CRUFT = {{ "_commit" in cookiecutter }}  # cruft adds the template's commit to the context
 
 
 def git(*args: str) -> subprocess.CompletedProcess:
@@ -108,7 +115,7 @@ def commit() -> str:
     return ""
 
 
-if why := commit():
+if not RENDERED_BY_CRUFT and (why := commit()):
     print(f"the project is written but not committed ({why}): git init && git add -A && git commit", file=sys.stderr)
 '''
 
@@ -136,8 +143,43 @@ def read_pyproject(repo: Path) -> dict:
 def git(repo: Path, *args: str) -> bytes:
     result = subprocess.run(["git", *args], cwd=repo, capture_output=True)
     if result.returncode != 0:
-        raise RuntimeError(f"cannot read {repo} with git {args[0]}: {result.stderr.decode().strip()}")
+        raise RuntimeError(f"git {args[0]} failed in {repo}: {result.stderr.decode().strip()}")
     return result.stdout
+
+
+def is_template_repository(path: Path) -> bool:
+    """PATH holds an earlier version of a template this script wrote: its next version goes in as a new commit."""
+    return (path / ".git").is_dir() and (path / "cookiecutter.json").is_file()
+
+
+def clear_template(path: Path) -> None:
+    """Removes an earlier version's files (its history stays): files the new version lacks are then deleted in it."""
+    for child in path.iterdir():
+        if child.name != ".git":
+            shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
+
+
+def source_version(repo: Path, ref: str, worktree: bool) -> str:
+    """The commit the template is made of, as its commit message names it."""
+    commit = git(repo, "rev-parse", "--short", "HEAD" if worktree else ref).decode().strip()
+    return f"{commit} with uncommitted changes" if worktree and uncommitted_changes(repo) else commit
+
+
+def commit_version(out_dir: Path, made_from: str) -> bool:
+    """Commits OUT_DIR as the template's next version; False when it is the same as the last one.
+
+    Every file is added, ignored or not: the project's own .gitignore sits inside the template."""
+    if not (out_dir / ".git").is_dir():
+        git(out_dir, "init", "-q")
+    git(out_dir, "add", "-A", "--force")
+    if not git(out_dir, "status", "--porcelain"):
+        return False
+    identity = []
+    for key, fallback in (("user.name", "make_template.py"), ("user.email", "")):
+        if subprocess.run(["git", "config", key], cwd=out_dir, capture_output=True).returncode != 0:
+            identity += ["-c", f"{key}={fallback}"]
+    git(out_dir, *identity, "commit", "-qm", f"Template of {made_from}")
+    return True
 
 
 def committed_files(repo: Path, ref: str = "HEAD") -> Files:
@@ -207,11 +249,12 @@ def cookiecutter_json(pyproject: dict) -> dict:
 
 
 def make_template(repo: Path, out_dir: Path, ref: str = "HEAD", worktree: bool = False) -> Path:
-    """Writes the template of REPO at REF (or of its working tree) into OUT_DIR, which must be empty or absent.
+    """Writes the template of REPO at REF (or of its working tree) into OUT_DIR and commits it there.
 
-    At HEAD it refuses a working tree with uncommitted changes, which the template would silently leave out."""
-    if out_dir.exists() and any(out_dir.iterdir()):
-        raise FileExistsError(f"{out_dir} is not empty")
+    OUT_DIR is empty, absent, or an earlier template (which gets the new version as its next commit). At HEAD it
+    refuses a working tree with uncommitted changes, which the template would silently leave out."""
+    if out_dir.exists() and any(out_dir.iterdir()) and not is_template_repository(out_dir):
+        raise FileExistsError(f"{out_dir} is neither empty nor a template this script wrote")
     if worktree:
         files = working_tree_files(repo)
     elif ref == "HEAD" and (changes := uncommitted_changes(repo)):
@@ -223,6 +266,8 @@ def make_template(repo: Path, out_dir: Path, ref: str = "HEAD", worktree: bool =
     else:
         files = committed_files(repo, ref)
     pyproject = tomllib.loads(files["pyproject.toml"][0].decode())
+    if out_dir.exists():
+        clear_template(out_dir)
     name, words = package_name(pyproject), description(pyproject)
     for path, (content, mode) in files.items():
         target = out_dir / template_path(path, name)
@@ -236,6 +281,7 @@ def make_template(repo: Path, out_dir: Path, ref: str = "HEAD", worktree: bool =
     (out_dir / "hooks").mkdir()
     (out_dir / "hooks" / "pre_gen_project.py").write_text(PRE_GEN_HOOK)
     (out_dir / "hooks" / "post_gen_project.py").write_text(POST_GEN_HOOK)
+    commit_version(out_dir, source_version(repo, ref, worktree))
     return out_dir
 
 
@@ -251,9 +297,10 @@ def main(argv: list[str] | None = None) -> None:
     except (FileExistsError, RuntimeError, ValueError) as error:
         parser.error(str(error))
     made_from = "the working tree, uncommitted changes included" if args.worktree else args.ref
-    print(f"template of {made_from} written to {out_dir}; create a project with: cookiecutter {out_dir}")
-    if importlib.util.find_spec("cookiecutter") is None:
-        print("cookiecutter is not installed here: pip install cookiecutter (it is in the dev extra)")
+    print(f"template of {made_from} committed in {out_dir}; create a project with: cruft create {out_dir}")
+    print("(or bring this version into a project made from it: cd <project> && cruft update)")
+    if importlib.util.find_spec("cruft") is None:
+        print("cruft is not installed here: pip install cruft (it is in the dev extra)")
 
 
 if __name__ == "__main__":
