@@ -6,8 +6,8 @@ Every config key is a constructor argument of the Trainer, the model, the data m
 links them together and adds what every run needs: the safeguards, one callback per concern (``add_safeguards``).
 
 One callback per concern, not one for all: each costs Lightning a call of each of its hooks (about 6 a training step,
-up to 4 µs a call: docs/reports/2026-12-04.md), so the four more cost about 100 µs a step, negligible against a CNN
-row's 0.4 s step (about a tenth of the digits MLP's 0.9 ms step, which no real model is).
+up to 4 µs a call on a 2-core CPU: docs/performance.md), so the four more cost about 100 µs a step, negligible
+against a CNN row's 0.4 s step (about a tenth of the digits MLP's 0.9 ms step, which no real model is).
 """
 
 from typing import Any

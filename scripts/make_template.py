@@ -1,4 +1,5 @@
-"""Writes a cookiecutter template of this repository: every committed file, with the package's name as a variable.
+"""Writes a cookiecutter template of this repository: every committed file but the template's own dated reports
+(TEMPLATE_ONLY), with the package's name as a variable.
 
     python scripts/make_template.py ../lightning-template
     cruft create ../lightning-template           # asks for project_name, package_name, author, description
@@ -19,6 +20,7 @@ import argparse
 import importlib.util
 import io
 import json
+import posixpath
 import re
 import shutil
 import subprocess
@@ -53,8 +55,28 @@ REFERENCE_PATTERNS = (
     r"(?<=:::){name}(?![\w-])",  # warning filters by module: error:::project
     r"(?<=\[){name}(?=\\*\] )",  # log prefix: [project] resuming, r"\[project\] "
 )
+# The template's own history, kept out of the projects made from it: its dated measurement reports. A Markdown link
+# to one reads as its words there (docs name them as "[the template's reports](reports/)").
+TEMPLATE_ONLY = ("docs/reports/",)
+MARKDOWN_LINK = re.compile(r"\[([^\]]+)\]\(([^)#\s]+)[^)]*\)")
 # Names that must be DNS labels (Kubernetes objects) or read as one word: the project's slug, dashes and all.
 SLUG_PATTERNS = (r"(?<![\w.\[=-]){name}(?=-[a-z])",)  # project-fit, /tmp/project-slurm
+
+
+def template_only(path: str) -> bool:
+    return any(f"{path}/".startswith(folder) for folder in TEMPLATE_ONLY)
+
+
+def unlink_template_only(text: str, path: str) -> str:
+    """TEXT (the Markdown page at PATH) with its links to template-only files replaced by the links' words."""
+    if not path.endswith(".md"):
+        return text
+
+    def words_if_template_only(link: re.Match) -> str:
+        target = posixpath.normpath(posixpath.join(posixpath.dirname(path), link[2]))
+        return link[1] if "://" not in link[2] and template_only(target) else link[0]
+
+    return MARKDOWN_LINK.sub(words_if_template_only, text)
 
 
 def file_edits(path: str, description: str) -> tuple[tuple[str, str], ...]:
@@ -233,7 +255,7 @@ def template_text(text: str, name: str, path: str = "", description: str = "") -
 
 
 def template_path(path: str, name: str) -> Path:
-    """PATH with the package folder as the variable: project/x.py -> {{cookiecutter.package_name}}/x.py."""
+    """PATH with the package folder as the variable: project/cli.py -> {{cookiecutter.package_name}}/cli.py."""
     parts = ["{{cookiecutter.package_name}}" if part == name else part for part in Path(path).parts]
     return Path(PROJECT_DIR, *parts)
 
@@ -270,10 +292,13 @@ def make_template(repo: Path, out_dir: Path, ref: str = "HEAD", worktree: bool =
         clear_template(out_dir)
     name, words = package_name(pyproject), description(pyproject)
     for path, (content, mode) in files.items():
+        if template_only(path):
+            continue
         target = out_dir / template_path(path, name)
         target.parent.mkdir(parents=True, exist_ok=True)
         try:
-            target.write_text(template_text(content.decode("utf-8"), name, path, words), encoding="utf-8")
+            text = unlink_template_only(content.decode("utf-8"), path)
+            target.write_text(template_text(text, name, path, words), encoding="utf-8")
         except UnicodeDecodeError:  # binary: cookiecutter copies it without rendering
             target.write_bytes(content)
         target.chmod(mode)  # keeps scripts executable

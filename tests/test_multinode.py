@@ -23,7 +23,7 @@ def fit_args(run_dir: Path, *extra: str) -> list[str]:
 
 
 def run_nodes(script: str, nodes: list[tuple[dict, list[str]]], logs: Path, timeout: float = 300) -> list[str]:
-    """Starts `bash scripts/SCRIPT ARGS` once per (env, args) at the same time, like one per node; returns outputs."""
+    """Starts `bash scripts/<script> ARGS` once per (env, args) at the same time, like one per node; returns outputs."""
     procs = []
     try:
         for rank, (env, args) in enumerate(nodes):

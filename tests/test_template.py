@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, last_checkpoint, project_env
+from helpers.named_paths import missing_paths
 
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+, like scripts/make_template.py
 cookiecutter_main = pytest.importorskip("cookiecutter.main")
@@ -315,6 +316,19 @@ def test_cruft_update_brings_the_templates_next_version_and_keeps_the_owners_edi
     # The update waits for the owner's review and commit, as changes of the working tree.
     assert git(project_dir, "status", "--porcelain").splitlines() == [" M .cruft.json", "M  my_vision_lab/module.py"]
     assert cruft.check(project_dir)  # `cruft check`: the project is at the template's latest version
+
+
+@pytest.mark.slow
+@end_to_end
+def test_the_rendered_project_carries_no_history_and_names_only_paths_it_has(rendered):
+    """The template's dated reports stay in the template; the links to them read as words; no dated pages."""
+    project_dir, _ = rendered
+    assert not (project_dir / "docs" / "reports").exists()
+    assert missing_paths(project_dir) == {}
+    pages = [project_dir / "README.md", *(project_dir / "docs").glob("*.md")]
+    dated = {page.name: re.findall(r"\b20\d\d-\d\d-\d\d\b", page.read_text()) for page in pages}
+    assert {page: dates for page, dates in dated.items() if dates} == {}
+    assert "the template's reports" in (project_dir / "docs" / "fault-tolerance.md").read_text()
 
 
 @pytest.mark.slow
