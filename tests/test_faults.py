@@ -37,8 +37,8 @@ from fault_injection import FailAt
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from project.cli import build_cli
+from project.exit_codes import DETERMINISTIC_EXIT_CODE, INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE
 from project.runs.folders import resume_command
-from project.runs.restarts import DETERMINISTIC_EXIT_CODE, INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE
 from project.runs.resume_state import ResumeState
 from project.runtime.early_interrupt import EarlyInterrupt
 from project.runtime.faults import FailFast
