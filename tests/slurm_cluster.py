@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import LAUNCHER_VARS, REPO
+from helpers import LAUNCHER_VARS, REPO
 
 CLUSTER_SCRIPT = REPO / "tests" / "fixtures" / "slurm_cluster.sh"
 CLUSTER_DIR = Path(os.environ.get("SLURM_CLUSTER_DIR", "/tmp/project-slurm"))

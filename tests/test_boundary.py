@@ -13,7 +13,7 @@ import warnings
 from pathlib import Path
 
 import pytest
-from conftest import DIGITS_CONFIG, REPO
+from helpers import DIGITS_CONFIG, REPO
 
 import project
 from project import lightning_internals as internals

@@ -12,7 +12,7 @@ import warnings
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from helpers import REPO
 from helpers.named_paths import LINK, missing_paths
 
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]

@@ -18,7 +18,8 @@ from typing import NamedTuple
 
 import pytest
 import torch
-from conftest import (
+from fault_injection import FailAt
+from helpers import (
     REPO,
     assert_same_weights,
     checkpoint_dir,
@@ -33,7 +34,6 @@ from conftest import (
     run_project,
     start_python,
 )
-from fault_injection import FailAt
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from project.cli import build_cli

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import REPO, free_port, last_checkpoint, quick_args, run_project
 from fake_cluster import SCRIPTS, launcher_env, slurm_allocation
+from helpers import REPO, free_port, last_checkpoint, quick_args, run_project
 from lightning.pytorch import Trainer
 
 from project.data import DigitsDataModule

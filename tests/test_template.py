@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, last_checkpoint, project_env
+from helpers import REPO, last_checkpoint, project_env
 from helpers.named_paths import missing_paths
 
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+, like scripts/make_template.py
