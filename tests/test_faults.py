@@ -293,6 +293,15 @@ def test_every_run_gets_the_safeguards_after_the_configs_callbacks_in_the_order_
     assert cli.trainer.callbacks[kinds.index(PreemptionCheck)].check_every_n_steps == 50  # configs/digits.yaml
 
 
+@pytest.mark.parametrize("switch", ["fail_fast", "nan_guard", "throughput", "resume_state"])
+def test_each_safeguard_is_a_switch_that_turns_off_that_one_alone(tmp_path, monkeypatch, switch):
+    monkeypatch.setattr(sys, "argv", sys.argv[:1])
+    cli = build_cli(quick_args(tmp_path, f"--safeguards.{switch}", "false"), run=False)
+    kinds = {type(callback) for callback in cli.trainer.callbacks}
+    safeguards = {"fail_fast": FailFast, "nan_guard": NaNGuard, "throughput": Throughput, "resume_state": ResumeState}
+    assert {kind for kind in safeguards.values() if kind in kinds} == set(safeguards.values()) - {safeguards[switch]}
+
+
 @pytest.mark.slow
 def test_a_fit_in_this_process_hands_ctrl_c_back_as_it_found_it_after_finishing_or_failing(tmp_path):
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal (pytest's may be ignored)
