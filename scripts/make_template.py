@@ -241,7 +241,9 @@ def template_text(text: str, name: str, path: str = "", description: str = "") -
     PATH picks the per-file edits; DESCRIPTION is this project's, replaced where the README repeats it.
     """
     edits = [(pattern.format(name=re.escape(name)), PACKAGE_VAR) for pattern in REFERENCE_PATTERNS]
-    edits += [(pattern.format(name=re.escape(name)), SLUG_VAR) for pattern in SLUG_PATTERNS]
+    # A rendered project's slug is its package name with dashes (leaf-lab-slurm for leaf_lab): templated again too.
+    slug = re.escape(name.replace("_", "-"))
+    edits += [(pattern.format(name=slug), SLUG_VAR) for pattern in SLUG_PATTERNS]
     edits += file_edits(path, description)
     spans = sorted({(m.start(), m.end(), value) for pattern, value in edits for m in re.finditer(pattern, text)})
     pieces, position = [], 0
