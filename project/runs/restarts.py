@@ -1,5 +1,5 @@
-"""Which faults a run restarts from by itself, and which end it for good (the codes: ``project/exit_codes.py``): the
-outcome each rank leaves for its launcher, and each restart's record in the run folder.
+"""Which faults a run restarts from by itself, and which end it for good (the codes: ``project/exit_codes.py``):
+the outcome each rank leaves for its launcher, and each restart's record in the run folder.
 
 A crashed or killed rank, a rank that hung past the process-group timeout, a lost node (exit 1): the launcher restarts
 the run, which resumes from its run folder's newest checkpoint, up to a restart budget (``MAX_RESTARTS`` in
