@@ -37,6 +37,7 @@ def main(args: list[str] | None = None) -> None:
     from project.runs import restarts
     from project.runs.folders import program_name
     from project.runtime.known_noise import silence_known_noise
+    from project.runtime.rendezvous import StartupFailed
 
     apply_debug_switch()
     silence_known_noise()
@@ -50,6 +51,9 @@ def main(args: list[str] | None = None) -> None:
     except LightningMismatch as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(exit_codes.REFUSED_EXIT_CODE)
+    except StartupFailed as error:  # the ranks could not meet: already reported (runtime/rendezvous.py)
+        restarts.record_outcome(error.exit_code, str(error))
+        sys.exit(error.exit_code)
     except FloatingPointError:  # the NaN guard, already reported and recorded (runtime/nan_guard.py): never restarted
         sys.exit(exit_codes.DETERMINISTIC_EXIT_CODE)
     except SystemExit as error:

@@ -10,6 +10,8 @@ up to 4 µs a call on a 2-core CPU: docs/performance.md), so the four more cost 
 against a CNN row's 0.4 s step (about a tenth of the digits MLP's 0.9 ms step, which no real model is).
 """
 
+import json
+import os
 from typing import Any
 
 import torch
@@ -30,6 +32,7 @@ from project.module import ClassificationModule
 from project.runs import folders
 from project.runs.checkpointing import AtomicCheckpointIO, CheckpointError, check_checkpoint
 from project.runs.outputs import PredictionsWriter, ProgressBar, TestMetricsWriter
+from project.runtime import network
 from project.runtime.known_noise import silence_known_noise
 from project.runtime.launcher import ForkLauncher, one_thread
 from project.runtime.periodic_checkpoint import PeriodicCheckpoint
@@ -133,6 +136,8 @@ class ProjectCLI(LightningCLI):
         strategy = self.trainer.strategy
         if isinstance(strategy, ParallelStrategy) and strategy.cluster_environment is not None:
             strategy.cluster_environment.validate_settings(self.trainer.num_devices, self.trainer.num_nodes)
+        if self.trainer.world_size > 1:
+            network.check_environment(os.environ)  # an InterfaceError is a ValueError: refused
         backend = getattr(strategy, "process_group_backend", None)
         if backend is not None:
             check_backend(backend, on_gpu=isinstance(self.trainer.accelerator, CUDAAccelerator))
@@ -143,6 +148,9 @@ class ProjectCLI(LightningCLI):
         for fit with a logger, a learning-rate monitor; test and predict write their files."""
         trainer = super().instantiate_trainer(**kwargs)
         add_safeguards(trainer, self.configured("safeguards"))
+        if hasattr(trainer.strategy, "run_facts"):  # every node must run this config (runtime/rendezvous.py)
+            config = self.config[self.subcommand] if self.subcommand else self.config
+            trainer.strategy.run_facts = folders.flatten(json.dumps(config.as_dict(), default=str))
         internals.install_fork_launcher(trainer, ForkLauncher)
         internals.start_next_epoch_afresh(trainer)
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # the default: not one chosen in the config

@@ -112,3 +112,12 @@ def test_what_runs_before_torch_imports_only_the_standard_library_and_itself():
         imported += [node.module for node in tree.body if isinstance(node, ast.ImportFrom)]  # module level only
         heavy = [module for module in imported if module not in BEFORE_TORCH | set(sys.stdlib_module_names)]
         assert heavy == [], name
+
+
+def test_the_map_names_every_module_of_the_package():
+    """docs/architecture.md has a line for each module: a new one gets its line, a removed one loses it."""
+    text = (REPO / "docs" / "architecture.md").read_text()
+    modules = [path for path in ROOT.rglob("*.py") if path.name != "__init__.py"]
+    assert [
+        str(path.relative_to(REPO)) for path in modules if f"`{path.name}`" not in text and f"/{path.name}`" not in text
+    ] == []

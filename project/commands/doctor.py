@@ -34,6 +34,7 @@ from lightning.fabric.plugins.environments.lightning import find_free_network_po
 
 from project import lightning_internals as internals
 from project.messages import first_line
+from project.runtime import rendezvous
 
 DEBUG_SWITCH = "PROJECT_DIST_DEBUG"
 DEBUG_SETTINGS = {"NCCL_DEBUG": "INFO", "TORCH_DISTRIBUTED_DEBUG": "DETAIL"}
@@ -241,20 +242,32 @@ def run_rank(env: ClusterEnvironment, args: argparse.Namespace) -> int:
         say(node_report(env, args.backend))
     say(rank_line(env, device))
     address, port = env.main_address, env.main_port
-    os.environ.update(MASTER_ADDR=address, MASTER_PORT=str(port))  # env:// joins torchrun's store under torchrun
+    os.environ.update(MASTER_ADDR=address, MASTER_PORT=str(port))
     start = time.perf_counter()
+    timeout = timedelta(seconds=args.timeout)
+    nodes = count_nodes(env, args)
+    member = rendezvous.Member(rank, world, env.node_rank(), env.local_rank(), nodes, rendezvous.run_facts())
     try:
+        store = rendezvous.join(address, port, member, timeout)
         with deadline(args.timeout + GRACE_S, f"rank {rank}/{world}: joining the process group"):
             # device_id: NCCL connects here, not at the first all-reduce
-            timeout = timedelta(seconds=args.timeout)
-            dist.init_process_group(args.backend, rank=rank, world_size=world, timeout=timeout, device_id=cuda)
+            group_store = dist.PrefixStore(rendezvous.PROCESS_GROUP_KEYS, store)
+            dist.init_process_group(
+                args.backend, store=group_store, rank=rank, world_size=world, timeout=timeout, device_id=cuda
+            )
             dist.barrier()
+    except rendezvous.StartupFailed as error:
+        if env.local_rank() == 0:
+            say(f"doctor: rank {rank}/{world}: {error}", error=True)
+        return error.exit_code
     except RuntimeError as error:  # torch's DistStoreError / DistNetworkError / timeouts
         what = f"the process group did not form within {args.timeout:.0f} s at {address}:{port}"
         return failed(f"rank {rank}/{world}: {what}", error)
     try:
         if rank == 0:
             say(f"process group: {world} ranks joined in {time.perf_counter() - start:.1f} s")
+            for line in rendezvous.connections(store):
+                say(f"  {line}")
         rows = all_reduce_perf(args.sizes, args.iters, args.warmup, device, args.timeout)
     except RuntimeError as error:  # a peer that left, or a collective past the timeout
         return failed(f"rank {rank}/{world}: all-reduce failed", error)
@@ -266,6 +279,14 @@ def run_rank(env: ClusterEnvironment, args: argparse.Namespace) -> int:
         verdict = "PASSED" if wrong == 0 else f"FAILED ({wrong} wrong elements)"
         say(f"all-reduce check {verdict}: every element must equal 1 + ... + {world} = {world * (world + 1) // 2}")
     return 0 if wrong == 0 else 1
+
+
+def count_nodes(env: ClusterEnvironment, args: argparse.Namespace) -> int:
+    """How many nodes take part: --num-nodes for a plain launch, else from the launcher's processes per node."""
+    if not env.creates_processes_externally:
+        return args.num_nodes
+    per_node = os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("SLURM_NTASKS_PER_NODE", "1").split("(")[0]
+    return max(env.world_size() // max(int(per_node), 1), 1)
 
 
 def failed(what: str, error: Exception) -> int:

@@ -25,6 +25,7 @@ from project import lightning_internals as internals
 from project.exit_codes import exit_code_for
 from project.messages import first_line, report
 from project.runs.restarts import record_outcome
+from project.runtime.rendezvous import StartupFailed
 from project.runtime.strategy import process_group_timeout
 
 # The process that started this one: for a rank that Lightning's launcher re-ran, rank 0 (launcher.py sets it in a
@@ -69,6 +70,8 @@ class FailFast(Callback):
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         if isinstance(exception, (Stopped, KeyboardInterrupt)):  # not a failure: PreemptionCheck ends the run
             self.heartbeat.stop()
+        elif isinstance(exception, StartupFailed):  # the ranks never met: reported, nothing launched yet to stop
+            return
         else:
             record_outcome(exit_code_for(exception), self.report_failure(trainer, exception))
 

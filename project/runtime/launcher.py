@@ -25,7 +25,7 @@ import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from project import lightning_internals as internals
-from project.runtime import faults
+from project.runtime import faults, rendezvous
 
 
 class ForkedRank:
@@ -99,6 +99,8 @@ class ForkLauncher(internals.ScriptLauncher):
             internals.run_as_trainer(trainer, function, *args, **kwargs)  # LOCAL_RANK is set: no launch
         except SystemExit as stop:
             code = stop.code if isinstance(stop.code, int) else int(stop.code is not None)
+        except rendezvous.StartupFailed as error:  # reported by local rank 0
+            code = error.exit_code
         except BaseException:
             sys.excepthook(*sys.exc_info())  # as an uncaught exception ends a process
             code = 1

@@ -17,8 +17,11 @@ import torch.distributed as dist
 from lightning.pytorch import strategies
 from torch.distributed.constants import default_pg_timeout
 
+from project.messages import report
 from project.runs.checkpointing import is_sharded, load_sharded_as_full
+from project.runtime import rendezvous
 
+STARTUP_TIMEOUT = timedelta(minutes=1)
 LIGHTNING_LOG = logging.getLogger("lightning.fabric")  # Lightning's console channel, where it reports joining
 
 
@@ -26,9 +29,22 @@ class DDPStrategy(strategies.DDPStrategy):
     """Lightning's ``DDPStrategy``; a world of one process trains without the ``DistributedDataParallel`` wrapper, and
     a sharded (FSDP2) checkpoint loads too, gathered whole in each process's memory."""
 
-    def __init__(self, *args: Any, timeout: timedelta | None = default_pg_timeout, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        timeout: timedelta | None = default_pg_timeout,
+        startup_timeout: timedelta = STARTUP_TIMEOUT,
+        **kwargs: Any,
+    ) -> None:
+        """Args:
+        timeout: how long a rank waits for its peers in a collective (``process_group_timeout`` reads it).
+        startup_timeout: how long the ranks may take to meet at start-up; a network fault ends every rank within it,
+            saying what was measured (runtime/rendezvous.py).
+        """
         super().__init__(*args, timeout=timeout, **kwargs)
-        self.timeout = timeout  # how long a rank waits for its peers: process_group_timeout reads it
+        self.timeout = timeout
+        self.startup_timeout = startup_timeout
+        self.run_facts: dict[str, str] = {}  # what every node must agree on: the CLI sets the resolved config
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
         if is_sharded(checkpoint_path):
@@ -40,16 +56,37 @@ class DDPStrategy(strategies.DDPStrategy):
             super().configure_ddp()
 
     def setup_distributed(self) -> None:
-        """Under torchrun, joins the process group through a key space of this attempt's own (see ``attempt_store``);
-        Lightning's setup then finds the group ready. Elsewhere, Lightning's setup as it is."""
-        store = attempt_store(process_group_timeout(self))
-        if store is not None:
-            self.join_through(store)
+        """With several processes, the ranks meet first within ``startup_timeout`` (runtime/rendezvous.py), then join
+        the process group through that store (under torchrun, the agent's); Lightning's setup then finds the group
+        ready. One process: Lightning's setup as it is."""
+        self.set_world_ranks()
+        if self.world_size > 1:
+            self.join_through(self.meet())
         super().setup_distributed()
+
+    def meet(self) -> dist.Store:
+        environment = self.cluster_environment
+        member = rendezvous.Member(
+            environment.global_rank(),
+            environment.world_size(),
+            environment.node_rank(),
+            environment.local_rank(),
+            self.num_nodes,
+            rendezvous.run_facts(self.run_facts),
+        )
+        address, port = environment.main_address, environment.main_port
+        os.environ.update(MASTER_ADDR=address, MASTER_PORT=str(port))  # as Lightning's setup sets them
+        try:
+            store = rendezvous.join(address, port, member, self.startup_timeout)
+        except rendezvous.StartupFailed as error:
+            if member.local_rank == 0:  # once per node: its local ranks measured the same
+                report(f"start-up failed: {error}")
+            raise
+        store.set_timeout(process_group_timeout(self))
+        return dist.PrefixStore(rendezvous.PROCESS_GROUP_KEYS, store)
 
     def join_through(self, store: dist.Store) -> None:
         """Initialises the process group through STORE as Lightning's setup would, and says so in its words."""
-        self.set_world_ranks()
         rank, world_size = self.cluster_environment.global_rank(), self.cluster_environment.world_size()
         LIGHTNING_LOG.info(f"Initializing distributed: GLOBAL_RANK: {rank}, MEMBER: {rank + 1}/{world_size}")
         dist.init_process_group(
@@ -66,17 +103,3 @@ def process_group_timeout(strategy: Any) -> timedelta:
     """How long a rank waits for its peers: the template's strategies keep their ``timeout`` argument; torch's
     default for any other."""
     return getattr(strategy, "timeout", None) or default_pg_timeout
-
-
-def attempt_store(timeout: timedelta) -> dist.Store | None:
-    """The torchrun agent's store, under a prefix for this attempt (``TORCHELASTIC_RESTART_COUNT``); None elsewhere.
-
-    torch 2.14's agent keeps one store for every attempt, and no longer prefixes the ranks' keys by attempt: after a
-    restart, a rank could read the address a killed rank had published ("Gloo connectFullMesh failed ... Connection
-    refused", seen when the new ranks started a few seconds apart) and fail the restart.
-    """
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-        return None
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    agent = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout)
-    return dist.PrefixStore(f"/project/attempt_{attempt}", agent)

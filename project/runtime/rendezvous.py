@@ -1,0 +1,398 @@
+"""Start-up: every process of a run meets the others within a start-up timeout of its own, and a network fault ends
+every rank with what was measured, never a hang.
+
+torch's rendezvous waits for the process group's timeout (30 minutes by default, the one training's collectives use
+too), and what fails inside it reads as "Connection refused", a store timeout, or nothing at all: gloo and NCCL
+connect the ranks to each other in C++ after the rendezvous, on addresses the user never sees. So before the process
+group forms, through the same TCP store it will use (public torch API), the ranks check what commonly goes wrong:
+
+1. MASTER_ADDR resolves and answers at MASTER_PORT (no route, no answer, refused: each measured, with its fix);
+2. every global rank arrives once (a node that never comes is named; two nodes with one NODE_RANK are refused);
+3. every node runs the same thing (template, torch and Lightning versions, the resolved config);
+4. the nodes reach each other on the interface training will use, on another port than MASTER_PORT (a firewall that
+   lets the rendezvous through but not the data connections).
+
+The store then serves the process group, with the training timeout.
+"""
+
+import errno
+import hashlib
+import json
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from importlib import metadata
+from pathlib import Path
+
+import lightning
+import torch
+import torch.distributed as dist
+
+from project.exit_codes import CRASHED_EXIT_CODE, REFUSED_EXIT_CODE
+from project.messages import first_line, report
+from project.runtime import network
+
+REFUSED = REFUSED_EXIT_CODE  # a setting that cannot work: restarting would end the same way
+# The network did not let the ranks meet: may be transient, and the launchers' restarts may retry it.
+UNREACHED = CRASHED_EXIT_CODE
+POLL_S = 0.1
+PROBE_S = 5.0  # a data connection that has not opened in this long is dropped on the way
+PROCESS_GROUP_KEYS = "project/process_group"  # the store's key space for the process group, apart from the start-up's
+NODE_LOCAL_KEYS = (
+    "config",
+    "default_root_dir",
+    "save_dir",
+    "dirpath",
+    "ckpt_path",
+)  # paths: each node may have its own disk
+
+
+class StartupFailed(RuntimeError):
+    """The ranks could not meet; the message says what was measured and the fix. Reported once per node."""
+
+    def __init__(self, message: str, exit_code: int = UNREACHED) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+@dataclass
+class Member:
+    """This process's place in the run."""
+
+    rank: int
+    world: int
+    node_rank: int
+    local_rank: int
+    nodes: int
+    facts: dict[str, str] = field(default_factory=dict)  # what every node must agree on (``run_facts``)
+
+    @property
+    def per_node(self) -> int:
+        return max(self.world // max(self.nodes, 1), 1)
+
+
+def run_facts(config: dict[str, object] | None = None) -> dict[str, str]:
+    """What every node must share: versions, the template's code, and the resolved CONFIG (flattened, node-local
+    paths left out)."""
+    facts = {
+        "torch version": torch.__version__,
+        "lightning version": lightning.__version__,
+        "template version": _template_version(),
+    }
+    for key, value in (config or {}).items():
+        if key.rsplit(".", 1)[-1] not in NODE_LOCAL_KEYS:
+            facts[f"config {key}"] = json.dumps(value, sort_keys=True, default=str)
+    return facts
+
+
+def _template_version() -> str:
+    """The package's version and a digest of its code: two checkouts of one version may still differ."""
+    package = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha1()
+    for path in sorted(package.rglob("*.py")):
+        digest.update(path.read_bytes())
+    try:
+        version = metadata.version("project")
+    except metadata.PackageNotFoundError:
+        version = "unknown"
+    return f"{version} ({digest.hexdigest()[:12]})"
+
+
+def meet(
+    address: str, port: int, member: Member, timeout: timedelta, say: Callable[[str], None] = report
+) -> dist.Store:
+    """Starts or reaches the run's TCP store at ADDRESS:PORT (rank 0 starts it), checks everything above within
+    TIMEOUT, and returns the store for the process group. Raises ``StartupFailed`` on every rank otherwise."""
+    deadline = time.monotonic() + timeout.total_seconds()
+    choice = _choose_interface(address, port, pick=member.nodes > 1)
+    if choice and member.local_rank == 0:
+        say(choice)
+    ip = _resolve(address, port)
+    if member.rank == 0:
+        store = _serve(address, port, member.world, timeout)
+    else:
+        _reach(address, ip, port, deadline, member)
+        store = dist.TCPStore(address, port, member.world, is_master=False, timeout=_left(deadline))
+    check_members(store, member, deadline, f"{address}:{port}")
+    return store
+
+
+def join(address: str, port: int, member: Member, timeout: timedelta) -> dist.Store:
+    """The store the ranks met in (under torchrun the agent's, ``attempt_store``, where torchrun's own rendezvous has
+    gathered the nodes; elsewhere the one rank 0 starts, ``meet``): the process group forms in it under the key space
+    ``PROCESS_GROUP_KEYS``."""
+    store = attempt_store(timeout)
+    if store is None:
+        store = meet(address, port, member, timeout)
+    else:
+        check_members(store, member, time.monotonic() + timeout.total_seconds(), f"{address}:{port}")
+    return store
+
+
+def attempt_store(timeout: timedelta) -> dist.Store | None:
+    """The torchrun agent's store, under a prefix for this attempt (``TORCHELASTIC_RESTART_COUNT``); None elsewhere.
+
+    torch 2.14's agent keeps one store for every attempt, and no longer prefixes the ranks' keys by attempt: after a
+    restart, a rank could read the address a killed rank had published ("Gloo connectFullMesh failed ... Connection
+    refused", seen when the new ranks started a few seconds apart) and fail the restart.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    agent = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout)
+    return dist.PrefixStore(f"/project/attempt_{attempt}", agent)
+
+
+def check_members(store: dist.Store, member: Member, deadline: float, where: str) -> None:
+    """Steps 2-4 above, through STORE (which torchrun's agent may have started): raises ``StartupFailed``."""
+    store = dist.PrefixStore("project/startup", store)
+    listener = _listen() if member.local_rank == 0 else None
+    try:
+        _arrive(store, member, listener)
+        _wait_for_all(store, member, deadline, where)
+        verdict = _disagreement(store, member) or (_probe_nodes(store, member, deadline) if listener else "")
+        _agree_on_verdicts(store, member, verdict, deadline, where)
+    finally:
+        if listener is not None:
+            listener.close()
+
+
+def _choose_interface(address: str, port: int, pick: bool) -> str | None:
+    try:
+        return network.choose_interface(os.environ, address, port, pick)
+    except network.InterfaceError as error:
+        raise StartupFailed(str(error), REFUSED) from None
+
+
+def _resolve(address: str, port: int) -> str:
+    try:
+        return socket.getaddrinfo(address, port, type=socket.SOCK_STREAM)[0][4][0]
+    except OSError as error:
+        raise StartupFailed(
+            f"MASTER_ADDR {address!r} does not resolve on this host ({socket.gethostname()}):"
+            f" {error.strerror or error}; set it to node 0's address or a name every node resolves",
+            REFUSED,
+        ) from None
+
+
+def _serve(address: str, port: int, world: int, timeout: timedelta) -> dist.Store:
+    try:
+        return dist.TCPStore(address, port, world, is_master=True, timeout=timeout, wait_for_workers=False)
+    except RuntimeError as error:
+        in_use = "address already in use" in str(error).lower()
+        what = f"port {port} is already in use on this host" if in_use else first_line(error)
+        raise StartupFailed(
+            f"node 0 cannot listen at MASTER_PORT {port}: {what}; choose a free port, the same on every node",
+            REFUSED if in_use else UNREACHED,
+        ) from None
+
+
+def _reach(address: str, ip: str, port: int, deadline: float, member: Member) -> None:
+    """Connects to the store's port until it answers or the deadline passes; says why it never did."""
+    last: OSError | None = None
+    tries = 0
+    while True:
+        tries += 1
+        try:
+            socket.create_connection((ip, port), timeout=max(min(3.0, _left_s(deadline)), 0.1)).close()
+            return
+        except OSError as error:
+            last = error
+        if _left_s(deadline) <= 0:
+            break
+        time.sleep(min(POLL_S * 2, max(_left_s(deadline), 0)))
+    raise StartupFailed(_unreached(address, ip, port, last, member, deadline), UNREACHED)
+
+
+def _unreached(address: str, ip: str, port: int, error: OSError | None, member: Member, deadline: float) -> str:
+    where = f"MASTER_ADDR {address}" + (f" ({ip})" if ip != address else "") + f", MASTER_PORT {port}"
+    code = getattr(error, "errno", None)
+    loopback = ip.startswith("127.") or ip == "::1"
+    if code in (errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EHOSTDOWN):
+        measured = f"no route to it ({os.strerror(code)})"
+        fix = "MASTER_ADDR must be node 0's address on a network this node is on (`ip route get` it)"
+    elif code == errno.ECONNREFUSED:
+        measured = "the host answers but nothing listens at that port (connection refused)"
+        fix = "start node 0 (NODE_RANK=0), and give every node the same MASTER_PORT" + (
+            "; MASTER_ADDR is a loopback address: on several hosts it must be node 0's own address" if loopback else ""
+        )
+    else:
+        measured = "no answer (connections time out: a firewall drops the port, or the host is down)"
+        fix = f"open TCP port {port} on node 0 to the other nodes, and check that node 0 is up"
+    return (
+        f"node {member.node_rank} (rank {member.rank}, host {socket.gethostname()}) could not reach the rendezvous at"
+        f" {where} within the start-up timeout: {measured}; {fix}"
+    )
+
+
+def _listen() -> socket.socket:
+    """A socket on the address this node's data connections will use, on a port of the kernel's choosing."""
+    address = _data_address()
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    listener.bind((address, 0))
+    listener.listen(64)
+    return listener
+
+
+def _data_address() -> str:
+    """The address gloo will tell the other ranks: its interface's, else the one this host's name resolves to."""
+    names = (os.environ.get("GLOO_SOCKET_IFNAME") or "").split(",")
+    named = network.interface_address(names[0].strip()) if names[0].strip() else None
+    if named:
+        return named
+    try:
+        return socket.getaddrinfo(socket.gethostname(), None, type=socket.SOCK_STREAM)[0][4][0]
+    except OSError:
+        return "127.0.0.1"
+
+
+def _arrive(store: dist.Store, member: Member, listener: socket.socket | None) -> None:
+    host = socket.gethostname()
+    claims = store.add(f"claim/{member.rank}", 1)
+    if claims > 1:
+        store.set(f"claim/{member.rank}/{claims}", host)
+        first = store.get(f"claim/{member.rank}/1").decode()
+        message = (
+            f"two processes started as global rank {member.rank}: NODE_RANK {member.node_rank} is set on two nodes"
+            f" ({first} and {host}); give each node its own NODE_RANK, 0 to {member.nodes - 1}"
+        )
+        store.set("failed", json.dumps([REFUSED, message]))
+        raise StartupFailed(message, REFUSED)
+    store.set(f"claim/{member.rank}/1", host)
+    record = {"host": host, "node": member.node_rank, "facts": member.facts}
+    if listener is not None:
+        record["probe"] = list(listener.getsockname()[:2])
+    store.set(f"member/{member.rank}", json.dumps(record))
+    store.add("arrived", 1)
+
+
+def _wait_for_all(store: dist.Store, member: Member, deadline: float, where: str) -> None:
+    while store.add("arrived", 0) < member.world:
+        _raise_if_failed(store)
+        if _left_s(deadline) <= 0:
+            _missing(store, member, where)
+        time.sleep(POLL_S)
+    _raise_if_failed(store)
+
+
+def _missing(store: dist.Store, member: Member, where: str) -> None:
+    absent = [rank for rank in range(member.world) if not store.check([f"member/{rank}"])]
+    nodes = sorted({rank // member.per_node for rank in absent})
+    listed = ", ".join(map(str, absent[:8])) + (" ..." if len(absent) > 8 else "")
+    node_words = "node rank " + ", ".join(map(str, nodes)) if len(nodes) < 9 else f"{len(nodes)} nodes"
+    message = (
+        f"{node_words} never joined the rendezvous at {where} within the start-up timeout (rank {listed} of"
+        f" {member.world} missing): start the same command there with its NODE_RANK, the same MASTER_ADDR and"
+        f" MASTER_PORT, and num_nodes x devices = {member.world}"
+    )
+    raise StartupFailed(message, UNREACHED)
+
+
+def _disagreement(store: dist.Store, member: Member) -> str:
+    """What this rank runs differently from rank 0, in words ("" when nothing)."""
+    if member.rank == 0:
+        return ""
+    theirs = json.loads(store.get("member/0"))
+    differ = sorted(
+        key for key in set(member.facts) | set(theirs["facts"]) if member.facts.get(key) != theirs["facts"].get(key)
+    )
+    if not differ:
+        return ""
+    shown = "; ".join(
+        f"{key}: {theirs['facts'].get(key, '(none)')} there, {member.facts.get(key, '(none)')} here"
+        for key in differ[:3]
+    )
+    more = f" (and {len(differ) - 3} more)" if len(differ) > 3 else ""
+    return json.dumps(
+        [
+            REFUSED,
+            f"node {member.node_rank} ({socket.gethostname()}) runs something else than node 0 ({theirs['host']}):"
+            f" {shown}{more}; start every node from the same checkout, environment and config",
+        ]
+    )
+
+
+def _probe_nodes(store: dist.Store, member: Member, deadline: float) -> str:
+    """Opens a connection from this node to every other node's listener, what gloo and NCCL will do on other ports
+    than MASTER_PORT; records each (``connections``) and returns the first failure in words ("" when none)."""
+    opened = []
+    for rank in range(0, member.world, member.per_node):
+        record = json.loads(store.get(f"member/{rank}"))
+        if record["node"] == member.node_rank or "probe" not in record:
+            continue
+        host, port = record["probe"]
+        seconds = max(min(PROBE_S, _left_s(deadline)), 0.5)
+        start = time.perf_counter()
+        try:
+            socket.create_connection((host, port), timeout=seconds).close()
+        except OSError as error:
+            return json.dumps([UNREACHED, _unconnected(member, record, host, port, error, seconds)])
+        opened.append(
+            f"node {member.node_rank} ({socket.gethostname()}) -> node {record['node']} ({record['host']},"
+            f" {host}:{port}): connected in {(time.perf_counter() - start) * 1e3:.1f} ms"
+        )
+    store.set(f"connections/{member.node_rank}", json.dumps(opened))
+    return ""
+
+
+def _unconnected(member: Member, record: dict, host: str, port: int, error: OSError, seconds: float) -> str:
+    code = getattr(error, "errno", None)
+    how = "refused" if code == errno.ECONNREFUSED else os.strerror(code) if code else f"no answer in {seconds:.0f} s"
+    if host.startswith("127.") or host == "::1":
+        fix = (
+            f"node {record['node']} offers a loopback address, the one its hostname ({record['host']}) resolves to:"
+            " set GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME there to the interface the nodes share"
+        )
+    else:
+        fix = (
+            "the nodes reach each other at MASTER_PORT only, and gloo and NCCL connect on other, random ports: open TCP"
+            " between the nodes (e.g. the firewall's rule for MASTER_PORT, for every port)"
+        )
+    return (
+        f"node {member.node_rank} ({socket.gethostname()}) reached the rendezvous but not node {record['node']}"
+        f" ({record['host']}) at {host}:{port}, where training's connections go ({how}); {fix}"
+    )
+
+
+def connections(store: dist.Store) -> list[str]:
+    """The connections each node opened to the others at start-up, one line each (for ``doctor``)."""
+    startup = dist.PrefixStore("project/startup", store)
+    lines, node = [], 0
+    while startup.check([f"connections/{node}"]):
+        lines += json.loads(startup.get(f"connections/{node}"))
+        node += 1
+    return lines
+
+
+def _agree_on_verdicts(store: dist.Store, member: Member, verdict: str, deadline: float, where: str) -> None:
+    """Every rank learns every other rank's verdict, so that all end together with the same message."""
+    store.set(f"verdict/{member.rank}", verdict)
+    store.add("checked", 1)
+    while store.add("checked", 0) < member.world:
+        _raise_if_failed(store)
+        if _left_s(deadline) <= 0:
+            _missing(store, member, where)
+        time.sleep(POLL_S / 5)
+    for rank in range(member.world):
+        found = store.get(f"verdict/{rank}").decode()
+        if found:
+            code, message = json.loads(found)
+            raise StartupFailed(message, code)
+
+
+def _raise_if_failed(store: dist.Store) -> None:
+    if store.check(["failed"]):
+        code, message = json.loads(store.get("failed"))
+        raise StartupFailed(message, code)
+
+
+def _left_s(deadline: float) -> float:
+    return deadline - time.monotonic()
+
+
+def _left(deadline: float) -> timedelta:
+    return timedelta(seconds=max(_left_s(deadline), 1.0))
