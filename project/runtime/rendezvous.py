@@ -40,7 +40,8 @@ REFUSED = REFUSED_EXIT_CODE  # a setting that cannot work: restarting would end 
 UNREACHED = CRASHED_EXIT_CODE
 POLL_S = 0.1
 PROBE_S = 5.0  # a data connection that has not opened in this long is dropped on the way
-PROCESS_GROUP_KEYS = "project/process_group"  # the store's key space for the process group, apart from the start-up's
+# The store's key space for the process group, apart from the start-up's.
+PROCESS_GROUP_KEYS = "project/process_group"
 NODE_LOCAL_KEYS = (
     "config",
     "default_root_dir",
