@@ -30,6 +30,7 @@ def main(args: list[str] | None = None) -> None:
         EarlyInterrupt.catch()
     import torch.distributed as dist
 
+    from project import exit_codes
     from project.cli import build_cli
     from project.commands.doctor import apply_debug_switch
     from project.lightning_internals import LightningMismatch
@@ -49,12 +50,12 @@ def main(args: list[str] | None = None) -> None:
         build_cli(args, prog=prog, epilog=epilog)
     except LightningMismatch as error:
         print(f"error: {error}", file=sys.stderr)
-        sys.exit(restarts.REFUSED_EXIT_CODE)
+        sys.exit(exit_codes.REFUSED_EXIT_CODE)
     except StartupFailed as error:  # the ranks could not meet: already reported (runtime/rendezvous.py)
         restarts.record_outcome(error.exit_code, str(error))
         sys.exit(error.exit_code)
     except FloatingPointError:  # the NaN guard, already reported and recorded (runtime/nan_guard.py): never restarted
-        sys.exit(restarts.DETERMINISTIC_EXIT_CODE)
+        sys.exit(exit_codes.DETERMINISTIC_EXIT_CODE)
     except SystemExit as error:
         restarts.record_exit(error)
         raise

@@ -6,8 +6,8 @@ Every config key is a constructor argument of the Trainer, the model, the data m
 links them together and adds what every run needs: the safeguards, one callback per concern (``add_safeguards``).
 
 One callback per concern, not one for all: each costs Lightning a call of each of its hooks (about 6 a training step,
-up to 4 µs a call: docs/reports/2026-12-04.md), so the four more cost about 100 µs a step, negligible against a CNN
-row's 0.4 s step (about a tenth of the digits MLP's 0.9 ms step, which no real model is).
+up to 4 µs a call on a 2-core CPU: docs/performance.md), so the four more cost about 100 µs a step, negligible
+against a CNN row's 0.4 s step (about a tenth of the digits MLP's 0.9 ms step, which no real model is).
 """
 
 import json
@@ -32,15 +32,12 @@ from project.module import ClassificationModule
 from project.runs import folders
 from project.runs.checkpointing import AtomicCheckpointIO, CheckpointError, check_checkpoint
 from project.runs.outputs import PredictionsWriter, ProgressBar, TestMetricsWriter
-from project.runs.resume_state import ResumeState
 from project.runtime import network
-from project.runtime.faults import FailFast
 from project.runtime.known_noise import silence_known_noise
 from project.runtime.launcher import ForkLauncher, one_thread
-from project.runtime.nan_guard import NaNGuard
 from project.runtime.periodic_checkpoint import PeriodicCheckpoint
 from project.runtime.preemption import PreemptionCheck
-from project.runtime.throughput import Throughput
+from project.runtime.safeguards import Safeguards
 
 PROGRESS_BAR_REFRESH_RATE = 2  # batches between redraws: the bar's thread competes with training for the GIL
 
@@ -55,6 +52,7 @@ class ProjectCLI(LightningCLI):
         parser.link_arguments("trainer.default_root_dir", "trainer.logger.init_args.save_dir")  # a list: folders.py
         parser.add_lightning_class_args(PreemptionCheck, "preemption")  # the other safeguards: run_callbacks()
         parser.add_lightning_class_args(PeriodicCheckpoint, "periodic")  # last.ckpt every so much time (off by default)
+        parser.add_class_arguments(Safeguards, "safeguards")  # each on by default, each a switch
         parser.set_defaults({"checkpoint.save_last": True})
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
         parser.link_arguments("data.num_classes", "model.network.init_args.num_classes", apply_on="instantiate")
@@ -149,7 +147,7 @@ class ProjectCLI(LightningCLI):
         checkpoints, the progress bar (unless the config gives its own), the safeguards (``run_callbacks``) and,
         for fit with a logger, a learning-rate monitor; test and predict write their files."""
         trainer = super().instantiate_trainer(**kwargs)
-        add_safeguards(trainer)
+        add_safeguards(trainer, self.configured("safeguards"))
         if hasattr(trainer.strategy, "run_facts"):  # every node must run this config (runtime/rendezvous.py)
             config = self.config[self.subcommand] if self.subcommand else self.config
             trainer.strategy.run_facts = folders.flatten(json.dumps(config.as_dict(), default=str))
@@ -171,24 +169,27 @@ class ProjectCLI(LightningCLI):
         return trainer
 
     def configured_callbacks(self) -> list:
-        config = self.config_init[self.subcommand] if self.subcommand else self.config_init
-        return config.trainer.get("callbacks") or []
+        return self.configured("trainer").get("callbacks") or []
+
+    def configured(self, key: str) -> Any:
+        """KEY's instantiated value in the subcommand's config (the top-level one with ``run=False``)."""
+        return (self.config_init[self.subcommand] if self.subcommand else self.config_init)[key]
 
 
-def add_safeguards(trainer: Trainer) -> None:
-    """The callbacks every run gets, one concern each, just before the ``preemption`` key's ``PreemptionCheck`` (so
-    after the config's callbacks; Lightning orders ``ModelCheckpoint`` last). Their order is their hooks' order:
+def add_safeguards(trainer: Trainer, safeguards: Safeguards) -> None:
+    """The callbacks every run gets (each a switch of the ``safeguards`` key, on by default: runtime/safeguards.py),
+    one concern each, just before the ``preemption`` key's ``PreemptionCheck`` (so after the config's callbacks;
+    Lightning orders ``ModelCheckpoint`` last). Their order is their hooks' order:
 
     - ``FailFast`` (runtime/faults.py): the heartbeat; on an exception, names the failed rank and stops the others;
-    - ``NaNGuard`` (runtime/nan_guard.py): a NaN loss stops the run before a checkpoint is saved (and logs the loss
-      curve, ``train_loss_step``);
+    - ``NaNGuard`` (runtime/nan_guard.py): a NaN loss stops the run before a checkpoint is saved;
     - ``Throughput`` (runtime/throughput.py): samples/s, TFLOP/s and MFU, after the window's loss;
     - ``ResumeState`` (runs/resume_state.py): RNG states and ``metrics.csv`` rows in checkpoints, restored on resume;
     - ``PreemptionCheck`` (runtime/preemption.py): SIGTERM, the requeue signal and Ctrl-C; its stop comes after the
       step's other work, and its ``on_exception`` after ``FailFast``'s.
     """
     at = next(index for index, callback in enumerate(trainer.callbacks) if isinstance(callback, PreemptionCheck))
-    trainer.callbacks[at:at] = [FailFast(), NaNGuard(), Throughput(), ResumeState()]
+    trainer.callbacks[at:at] = safeguards.callbacks()
 
 
 def weights_difference(ours: dict[str, tuple[int, ...]], theirs: dict[str, tuple[int, ...]], most: int = 3) -> str:

@@ -26,6 +26,19 @@ CLASS_OPTION = re.compile(
 # What jsonargparse 4.53 raises for a function given where a class is expected, with links into its arguments.
 FUNCTION_AS_NETWORK = "unexpected keyword argument 'linked_targets'"
 SHORT_USAGE_LINES = 3  # the top parser's usage; a subcommand's lists every key
+# What this module reads of jsonargparse's, as its source writes it: the messages' texts above and below, and the
+# attribute it reads on an error. Not an API: tests/test_boundary.py checks each is in the installed jsonargparse.
+JSONARGPARSE_TEXTS = (
+    "unrecognized arguments: ",
+    "does not accept option '",
+    'Parser key "',
+    "Problem with given class_path {class_path!r}",
+    "Option '{key}' is not accepted",
+    "linked_targets",
+    'f"Expected a {typehint}"',
+    "Given value",
+    ".subcommand_parser = ",
+)
 
 
 class ProjectArgumentParser(LightningArgumentParser):

@@ -82,6 +82,7 @@ class ClassificationModule(LightningModule):
         # scalar states. nan_strategy "disable": no host sync per step (NaNGuard checks training losses); it also
         # drops `weight` (torchmetrics 1.9), so each sample counts through its own value.
         self.losses = nn.ModuleDict({f"{stage}_loss": MeanMetric(nan_strategy="disable") for stage in STAGES})
+        self.window_losses: list[Tensor] = []  # the training losses since the loss curve's last point
 
     def configure_model(self) -> None:
         """The speed switches and, under FSDP2 (configs/fsdp.yaml), the network's sharding by the strategy's policy:
@@ -122,9 +123,19 @@ class ClassificationModule(LightningModule):
         self.metrics[f"{stage}_metrics"].update(logits.detach(), y)
         return loss
 
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        """The loss curve, ``train_loss_step``: each ``log_every_n_steps`` window's mean loss, logged once a window
+        (a self.log call per step would cost Lightning more than a small CPU step's work: docs/performance.md)."""
+        self.window_losses.append(outputs["loss"].detach() if isinstance(outputs, dict) else outputs.detach())
+        if self.trainer.global_step % self.trainer.log_every_n_steps == 0:  # at the logging steps: a resumed run's too
+            mean, self.window_losses = torch.stack(self.window_losses).mean(), []
+            if self.trainer.loggers or self.trainer.progress_bar_callback:
+                self.log("train_loss_step", mean, prog_bar=True, on_step=True)
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self.window_losses = []  # a run resumed from here starts its window here: its curve is the uninterrupted one
+
     # Metric objects are logged once per epoch: each rank counts its own samples, summed across ranks at compute.
-    # (A self.log call per step would cost Lightning more than a small CPU step's work: docs/performance.md. NaNGuard
-    # logs the training loss every log_every_n_steps steps, as train_loss_step.)
     def on_train_epoch_end(self) -> None:
         self._log_epoch_metrics("train")
 

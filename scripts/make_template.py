@@ -1,22 +1,28 @@
-"""Writes a cookiecutter template of this repository: every committed file, with the package's name as a variable.
+"""Writes a cookiecutter template of this repository: every committed file but the template's own dated reports
+(TEMPLATE_ONLY), with the package's name as a variable.
 
-    python scripts/make_template.py /tmp/lightning-template
-    cookiecutter /tmp/lightning-template          # asks for project_name, package_name, author, description
+    python scripts/make_template.py ../lightning-template
+    cruft create ../lightning-template           # asks for project_name, package_name, author, description
+    python scripts/make_template.py ../lightning-template   # later: the template's next version, one more commit
+    cd ../my-project && cruft update             # brings that version into the project, keeping its owner's edits
 
 The repository stays the one source of truth: the template is generated, never edited. It is made from the last
 commit, and refused while the working tree has uncommitted changes (they would be silently left out);
 ``--worktree`` makes it from the files as they are on disk instead, ``--ref`` from another commit.
 Only real references to the package are replaced (see REFERENCE_PATTERNS), not the English
 word; any text that Jinja would read (``{{``, ``{%``, ``{#``) is wrapped in raw blocks,
-so it reaches the new project unchanged. The new project is a git repository with one commit (the post-generation
-hook). Needs Python 3.11+ (tomllib).
+so it reaches the new project unchanged. The template is a git repository, one commit per version: cruft records
+that commit in each project it creates (.cruft.json) and diffs two of them to update one. A project rendered by plain
+cookiecutter is a git repository with one commit (the post-generation hook). Needs Python 3.11+ (tomllib).
 """
 
 import argparse
 import importlib.util
 import io
 import json
+import posixpath
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -49,8 +55,28 @@ REFERENCE_PATTERNS = (
     r"(?<=:::){name}(?![\w-])",  # warning filters by module: error:::project
     r"(?<=\[){name}(?=\\*\] )",  # log prefix: [project] resuming, r"\[project\] "
 )
+# The template's own history, kept out of the projects made from it: its dated measurement reports. A Markdown link
+# to one reads as its words there (docs name them as "[the template's reports](reports/)").
+TEMPLATE_ONLY = ("docs/reports/",)
+MARKDOWN_LINK = re.compile(r"\[([^\]]+)\]\(([^)#\s]+)[^)]*\)")
 # Names that must be DNS labels (Kubernetes objects) or read as one word: the project's slug, dashes and all.
 SLUG_PATTERNS = (r"(?<![\w.\[=-]){name}(?=-[a-z])",)  # project-fit, /tmp/project-slurm
+
+
+def template_only(path: str) -> bool:
+    return any(f"{path}/".startswith(folder) for folder in TEMPLATE_ONLY)
+
+
+def unlink_template_only(text: str, path: str) -> str:
+    """TEXT (the Markdown page at PATH) with its links to template-only files replaced by the links' words."""
+    if not path.endswith(".md"):
+        return text
+
+    def words_if_template_only(link: re.Match) -> str:
+        target = posixpath.normpath(posixpath.join(posixpath.dirname(path), link[2]))
+        return link[1] if "://" not in link[2] and template_only(target) else link[0]
+
+    return MARKDOWN_LINK.sub(words_if_template_only, text)
 
 
 def file_edits(path: str, description: str) -> tuple[tuple[str, str], ...]:
@@ -79,7 +105,9 @@ if not (package_name.isascii() and package_name.isidentifier()) or keyword.iskey
 POST_GEN_HOOK = '''"""Makes the new project a git repository holding one commit of everything cookiecutter wrote.
 
 Without a git identity configured, the template's author makes the commit. A failure leaves the project as written
-and says so (a failing hook would make cookiecutter delete it)."""
+and says so (a failing hook would make cookiecutter delete it). Not when cruft renders it: `cruft update` diffs two
+renders of the template, where a repository of their own would be part of the diff; after `cruft create` the owner
+commits, .cruft.json included (docs/development.md)."""
 
 import shutil
 import subprocess
@@ -87,6 +115,7 @@ import sys
 
 AUTHOR = {{ cookiecutter.author | tojson }}
 MESSAGE = "New project from the Lightning template: " + {{ cookiecutter.project_name | tojson }}
+RENDERED_BY_CRUFT = {{ "_commit" in cookiecutter }}  # cruft adds the template's commit to the context
 
 
 def git(*args: str) -> subprocess.CompletedProcess:
@@ -108,7 +137,7 @@ def commit() -> str:
     return ""
 
 
-if why := commit():
+if not RENDERED_BY_CRUFT and (why := commit()):
     print(f"the project is written but not committed ({why}): git init && git add -A && git commit", file=sys.stderr)
 '''
 
@@ -136,8 +165,43 @@ def read_pyproject(repo: Path) -> dict:
 def git(repo: Path, *args: str) -> bytes:
     result = subprocess.run(["git", *args], cwd=repo, capture_output=True)
     if result.returncode != 0:
-        raise RuntimeError(f"cannot read {repo} with git {args[0]}: {result.stderr.decode().strip()}")
+        raise RuntimeError(f"git {args[0]} failed in {repo}: {result.stderr.decode().strip()}")
     return result.stdout
+
+
+def is_template_repository(path: Path) -> bool:
+    """PATH holds an earlier version of a template this script wrote: its next version goes in as a new commit."""
+    return (path / ".git").is_dir() and (path / "cookiecutter.json").is_file()
+
+
+def clear_template(path: Path) -> None:
+    """Removes an earlier version's files (its history stays): files the new version lacks are then deleted in it."""
+    for child in path.iterdir():
+        if child.name != ".git":
+            shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
+
+
+def source_version(repo: Path, ref: str, worktree: bool) -> str:
+    """The commit the template is made of, as its commit message names it."""
+    commit = git(repo, "rev-parse", "--short", "HEAD" if worktree else ref).decode().strip()
+    return f"{commit} with uncommitted changes" if worktree and uncommitted_changes(repo) else commit
+
+
+def commit_version(out_dir: Path, made_from: str) -> bool:
+    """Commits OUT_DIR as the template's next version; False when it is the same as the last one.
+
+    Every file is added, ignored or not: the project's own .gitignore sits inside the template."""
+    if not (out_dir / ".git").is_dir():
+        git(out_dir, "init", "-q")
+    git(out_dir, "add", "-A", "--force")
+    if not git(out_dir, "status", "--porcelain"):
+        return False
+    identity = []
+    for key, fallback in (("user.name", "make_template.py"), ("user.email", "")):
+        if subprocess.run(["git", "config", key], cwd=out_dir, capture_output=True).returncode != 0:
+            identity += ["-c", f"{key}={fallback}"]
+    git(out_dir, *identity, "commit", "-qm", f"Template of {made_from}")
+    return True
 
 
 def committed_files(repo: Path, ref: str = "HEAD") -> Files:
@@ -177,7 +241,9 @@ def template_text(text: str, name: str, path: str = "", description: str = "") -
     PATH picks the per-file edits; DESCRIPTION is this project's, replaced where the README repeats it.
     """
     edits = [(pattern.format(name=re.escape(name)), PACKAGE_VAR) for pattern in REFERENCE_PATTERNS]
-    edits += [(pattern.format(name=re.escape(name)), SLUG_VAR) for pattern in SLUG_PATTERNS]
+    # A rendered project's slug is its package name with dashes (leaf-lab-slurm for leaf_lab): templated again too.
+    slug = re.escape(name.replace("_", "-"))
+    edits += [(pattern.format(name=slug), SLUG_VAR) for pattern in SLUG_PATTERNS]
     edits += file_edits(path, description)
     spans = sorted({(m.start(), m.end(), value) for pattern, value in edits for m in re.finditer(pattern, text)})
     pieces, position = [], 0
@@ -191,7 +257,7 @@ def template_text(text: str, name: str, path: str = "", description: str = "") -
 
 
 def template_path(path: str, name: str) -> Path:
-    """PATH with the package folder as the variable: project/x.py -> {{cookiecutter.package_name}}/x.py."""
+    """PATH with the package folder as the variable: project/cli.py -> {{cookiecutter.package_name}}/cli.py."""
     parts = ["{{cookiecutter.package_name}}" if part == name else part for part in Path(path).parts]
     return Path(PROJECT_DIR, *parts)
 
@@ -207,11 +273,12 @@ def cookiecutter_json(pyproject: dict) -> dict:
 
 
 def make_template(repo: Path, out_dir: Path, ref: str = "HEAD", worktree: bool = False) -> Path:
-    """Writes the template of REPO at REF (or of its working tree) into OUT_DIR, which must be empty or absent.
+    """Writes the template of REPO at REF (or of its working tree) into OUT_DIR and commits it there.
 
-    At HEAD it refuses a working tree with uncommitted changes, which the template would silently leave out."""
-    if out_dir.exists() and any(out_dir.iterdir()):
-        raise FileExistsError(f"{out_dir} is not empty")
+    OUT_DIR is empty, absent, or an earlier template (which gets the new version as its next commit). At HEAD it
+    refuses a working tree with uncommitted changes, which the template would silently leave out."""
+    if out_dir.exists() and any(out_dir.iterdir()) and not is_template_repository(out_dir):
+        raise FileExistsError(f"{out_dir} is neither empty nor a template this script wrote")
     if worktree:
         files = working_tree_files(repo)
     elif ref == "HEAD" and (changes := uncommitted_changes(repo)):
@@ -223,12 +290,17 @@ def make_template(repo: Path, out_dir: Path, ref: str = "HEAD", worktree: bool =
     else:
         files = committed_files(repo, ref)
     pyproject = tomllib.loads(files["pyproject.toml"][0].decode())
+    if out_dir.exists():
+        clear_template(out_dir)
     name, words = package_name(pyproject), description(pyproject)
     for path, (content, mode) in files.items():
+        if template_only(path):
+            continue
         target = out_dir / template_path(path, name)
         target.parent.mkdir(parents=True, exist_ok=True)
         try:
-            target.write_text(template_text(content.decode("utf-8"), name, path, words), encoding="utf-8")
+            text = unlink_template_only(content.decode("utf-8"), path)
+            target.write_text(template_text(text, name, path, words), encoding="utf-8")
         except UnicodeDecodeError:  # binary: cookiecutter copies it without rendering
             target.write_bytes(content)
         target.chmod(mode)  # keeps scripts executable
@@ -236,6 +308,7 @@ def make_template(repo: Path, out_dir: Path, ref: str = "HEAD", worktree: bool =
     (out_dir / "hooks").mkdir()
     (out_dir / "hooks" / "pre_gen_project.py").write_text(PRE_GEN_HOOK)
     (out_dir / "hooks" / "post_gen_project.py").write_text(POST_GEN_HOOK)
+    commit_version(out_dir, source_version(repo, ref, worktree))
     return out_dir
 
 
@@ -251,9 +324,10 @@ def main(argv: list[str] | None = None) -> None:
     except (FileExistsError, RuntimeError, ValueError) as error:
         parser.error(str(error))
     made_from = "the working tree, uncommitted changes included" if args.worktree else args.ref
-    print(f"template of {made_from} written to {out_dir}; create a project with: cookiecutter {out_dir}")
-    if importlib.util.find_spec("cookiecutter") is None:
-        print("cookiecutter is not installed here: pip install cookiecutter (it is in the dev extra)")
+    print(f"template of {made_from} committed in {out_dir}; create a project with: cruft create {out_dir}")
+    print("(or bring this version into a project made from it: cd <project> && cruft update)")
+    if importlib.util.find_spec("cruft") is None:
+        print("cruft is not installed here: pip install cruft (it is in the dev extra)")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ import os
 import sys
 from pathlib import Path
 
-from conftest import REPO, project_env
+from helpers import REPO, project_env
 
 SCRIPTS = REPO / "scripts"
 # tests/bin/srun: starts the tasks of a faked allocation here, with the variables srun gives each task. Real jobs run on

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import LAUNCHER_VARS, REPO
+from helpers import LAUNCHER_VARS, REPO
 
 CLUSTER_SCRIPT = REPO / "tests" / "fixtures" / "slurm_cluster.sh"
 CLUSTER_DIR = Path(os.environ.get("SLURM_CLUSTER_DIR", "/tmp/project-slurm"))
@@ -225,7 +225,7 @@ def release_when_requeued(job_id: str, restarts: int = 1, timeout: float = 180, 
     from every node, lets it start now; returns the seconds from the call to the release.
 
     Released while the nodes still clean up the previous run, the job was killed as "non-startable: Job credential
-    revoked" and ended FAILED (PITFALLS.md, 29): the steps' processes must be gone first, then the controller must
+    revoked" and ended FAILED: the steps' processes must be gone first, then the controller must
     show no step of the job. Those held 60 ms after a requeue and the job was still killed so (a CI run): the nodes must
     also be done completing, and all of it must hold for 2 s. UPDATES (``TimeLimit=5``, ...) are made in the same
     ``scontrol update``."""

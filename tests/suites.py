@@ -1,5 +1,5 @@
-"""Reusable checks for your own network and data module: subclass a suite, set its class and arguments, and pytest
-runs every check on it (tests/test_suites.py applies them to the template's own networks and data modules).
+"""Reusable checks for your own network, LightningModule and data module: subclass a suite, set its class and
+arguments, and pytest runs every check on it (tests/test_suites.py applies them to the template's own).
 
     from suites import NetworkSuite
     from project.networks import MyNet
@@ -8,23 +8,35 @@ runs every check on it (tests/test_suites.py applies them to the template's own 
         network_class = MyNet
         init_args = {"width": 32}
 
-In-process and on tiny inputs: a suite runs in about a second. The data checks compare samples by content
-(``sample_key``), so they expect the data set to hold no two identical samples.
+- ``NetworkSuite``: any network taking ``num_classes`` and ``input_shape`` first;
+- ``ModuleSuite``: any ``LightningModule`` with a data module to feed it: a step of each stage, its state dict, and a
+  short fit resumed from its checkpoint that ends with the uninterrupted fit's weights;
+- ``DataModuleSuite``: any ``LightningDataModule`` giving ``(inputs, labels)`` batches; ``BaseDataModuleSuite`` adds
+  what a data module on ``BaseDataModule`` promises (splits that cover the data, every eval sample once across ranks,
+  a seeded training order).
+
+In-process and on tiny inputs: a suite runs in seconds. The data checks compare samples by content (``sample_key``),
+so they expect the data set to hold no two identical samples.
 """
 
 from collections import Counter
 from collections.abc import Iterable
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, ClassVar
 
 import numpy
 import pytest
 import torch
+from helpers import assert_same_weights
+from lightning.pytorch import LightningDataModule, LightningModule, Trainer, seed_everything
+from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import Tensor, nn
 from torch.utils.data import Dataset
 
 from project.data.base import SPLITS, BaseDataModule
 from project.data.transforms import Transformed
+from project.runs.resume_state import ResumeState
 
 
 class NetworkSuite:
@@ -91,24 +103,150 @@ def untransformed(dataset: Dataset) -> Dataset:
     return dataset.dataset if isinstance(dataset, Transformed) else dataset
 
 
+class ModuleSuite:
+    """Checks a LightningModule on CPU, one process: ``make_module()`` fed by ``make_data_module(tmp_path_factory)``.
+
+    The Trainer is Lightning's, with what the template's CLI adds for an exact resume (``ResumeState``: RNG states in
+    the checkpoint); no logger, progress bar or checkpoint callback. A module built in Python keeps its arguments
+    (a network object) in its hyperparameters: the suite reads back its own checkpoint with ``weights_only=False``."""
+
+    def make_module(self) -> LightningModule:
+        raise NotImplementedError("a ModuleSuite subclass returns its module from make_module()")
+
+    def make_data_module(self, tmp_path_factory: pytest.TempPathFactory) -> LightningDataModule:
+        raise NotImplementedError(
+            "a ModuleSuite subclass returns the data module that feeds it from make_data_module()"
+        )
+
+    resume_after_steps: ClassVar[int] = 3  # the fit stops here, in its first epoch, and resumes to twice as many
+
+    def trainer(self, root: Path, **overrides: Any) -> Trainer:
+        settings = dict(
+            accelerator="cpu",
+            devices=1,
+            default_root_dir=root,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            num_sanity_val_steps=0,
+            limit_val_batches=2,
+            limit_test_batches=2,
+            limit_predict_batches=2,
+            val_check_interval=None,
+            callbacks=[ResumeState()],
+        )
+        return Trainer(**{**settings, **overrides})
+
+    def fit(self, root: Path, tmp_path_factory: pytest.TempPathFactory, steps: int, **fit_args: Any) -> Trainer:
+        """A seeded fit of STEPS optimizer steps (a resume included), from a fresh module and data module, that
+        saves a checkpoint at its last step as a run would (during the step, not after the fit)."""
+        seed_everything(0, workers=True)
+        module, data = self.make_module(), self.make_data_module(tmp_path_factory)
+        saves = ModelCheckpoint(root, "{step}", every_n_train_steps=steps, save_top_k=-1)
+        trainer = self.trainer(root, max_steps=steps, limit_val_batches=0, enable_checkpointing=True)
+        trainer.callbacks.append(saves)
+        trainer.fit(module, datamodule=data, **fit_args)
+        return trainer
+
+    def test_a_step_of_each_stage_runs_and_training_changes_the_weights(self, tmp_path, tmp_path_factory):
+        seed_everything(0)
+        module, data = self.make_module(), self.make_data_module(tmp_path_factory)
+        trainer = self.trainer(tmp_path, max_steps=1, limit_val_batches=1)
+        data.setup("fit")  # LazyLinear and the like: the weights exist after a first forward, or configure_model
+        trainer.strategy.connect(module)
+        before = {name: value.detach().clone() for name, value in module.state_dict().items()}
+        trainer.fit(module, datamodule=data)
+        changed = [name for name, value in module.state_dict().items() if not torch.equal(value, before.get(name))]
+        assert changed, "a training step changed no weight"
+        for stage in ("validate", "test"):
+            [metrics] = getattr(trainer, stage)(module, datamodule=data, verbose=False)
+            assert all(torch.isfinite(torch.tensor(value)) for value in metrics.values()), f"{stage}: {metrics}"
+        if type(module).predict_step is not LightningModule.predict_step and hasattr(data, "predict_dataloader"):
+            predictions = trainer.predict(module, datamodule=data)
+            assert predictions, "predict gave nothing"
+
+    def test_the_state_dict_loads_into_a_new_module_that_then_computes_the_same(self, tmp_path_factory):
+        seed_everything(0)
+        module, data = self.make_module(), self.make_data_module(tmp_path_factory)
+        data.setup("fit")
+        batch = next(iter(data.train_dataloader()))
+        seed_everything(1)  # another initialisation: the copy must not match by chance
+        copy = self.make_module()
+        module.eval(), copy.eval()
+        with torch.no_grad():
+            module(batch[0]), copy(batch[0])  # lazily built layers exist after a forward
+            copy.load_state_dict(module.state_dict())
+            assert_same_weights(copy.state_dict(), module.state_dict())
+            torch.testing.assert_close(copy(batch[0]), module(batch[0]), rtol=0, atol=0)
+
+    def test_a_fit_resumed_from_its_checkpoint_ends_with_the_uninterrupted_fits_weights(
+        self, tmp_path, tmp_path_factory
+    ):
+        steps = self.resume_after_steps
+        uninterrupted = self.fit(tmp_path / "whole", tmp_path_factory, 2 * steps).lightning_module.state_dict()
+        self.fit(tmp_path / "first", tmp_path_factory, steps)
+        checkpoint = tmp_path / "first" / f"step={steps}.ckpt"
+        resumed = self.fit(tmp_path / "second", tmp_path_factory, 2 * steps, ckpt_path=checkpoint, weights_only=False)
+        assert resumed.global_step == 2 * steps
+        assert_same_weights(resumed.lightning_module.state_dict(), uninterrupted)
+
+
 class DataModuleSuite:
-    """Checks a data module: ``make_data_module`` (by default ``data_module_class(**init_args)``), set up for fit."""
+    """Checks any LightningDataModule through its loaders: ``make_data_module`` (by default
+    ``data_module_class(**init_args)``), set up for fit. ``augmented``: its training samples change from epoch to
+    epoch (random augmentation), so they are not compared with the evaluation ones."""
 
-    data_module_class: ClassVar[type[BaseDataModule]]
+    data_module_class: ClassVar[type[LightningDataModule]]
     init_args: ClassVar[dict[str, Any]] = {}
+    augmented: ClassVar[bool] = False
 
-    def make_data_module(self, tmp_path_factory: pytest.TempPathFactory, **overrides: Any) -> BaseDataModule:
+    def make_data_module(self, tmp_path_factory: pytest.TempPathFactory, **overrides: Any) -> LightningDataModule:
         """Override for a module that needs files (write tiny ones under ``tmp_path_factory.mktemp(...)``)."""
         return self.data_module_class(**{**self.init_args, **overrides})
 
-    def ready(self, tmp_path_factory: pytest.TempPathFactory, **overrides: Any) -> BaseDataModule:
+    def ready(self, tmp_path_factory: pytest.TempPathFactory, **overrides: Any) -> LightningDataModule:
         data = self.make_data_module(tmp_path_factory, **overrides)
         data.setup("fit")
         return data
 
     @pytest.fixture
-    def data(self, tmp_path_factory) -> BaseDataModule:
+    def data(self, tmp_path_factory) -> LightningDataModule:
         return self.ready(tmp_path_factory)
+
+    def loader_keys(self, data: LightningDataModule) -> dict[str, Counter]:
+        """The samples each loader gives, by content (one rank: no Trainer attached)."""
+        loaders = {"train": data.train_dataloader, "val": data.val_dataloader, "test": data.test_dataloader}
+        return {name: batch_keys(loader()) for name, loader in loaders.items()}
+
+    def test_every_loader_gives_float_inputs_of_one_shape_with_integer_labels(self, data):
+        for name, loader in (("train", data.train_dataloader), ("val", data.val_dataloader)):
+            shapes = set()
+            for x, y in loader():
+                assert x.is_floating_point() and len(x) == len(y) > 0, name
+                assert not y.is_floating_point() and y.min() >= 0, f"{name}: labels must be class indices"
+                shapes.add(tuple(x.shape[1:]))
+            assert len(shapes) == 1, f"{name}: inputs of several shapes {shapes}"
+
+    def test_no_sample_is_in_two_splits(self, data):
+        found = self.loader_keys(data)
+        augmented = getattr(data, "augmented", self.augmented)  # BaseDataModule knows its own
+        pairs = [("val", "test")] + ([] if augmented else [("train", "val"), ("train", "test")])
+        for first, second in pairs:
+            shared = found[first].keys() & found[second].keys()
+            assert not shared, f"{len(shared)} samples in both {first} and {second}"
+
+    def test_the_eval_loaders_give_the_same_samples_in_the_same_order_every_time(self, data):
+        for loader in (data.val_dataloader, data.test_dataloader):
+            first, again = [[sample_key(s) for x, y in loader() for s in zip(x, y, strict=True)] for _ in range(2)]
+            assert first == again
+
+
+class BaseDataModuleSuite(DataModuleSuite):
+    """What a data module on ``BaseDataModule`` promises beside: splits that cover its data, every eval sample once
+    across any number of ranks, batches of its ``input_shape`` and ``num_classes``, a seeded training order."""
+
+    data_module_class: ClassVar[type[BaseDataModule]]
 
     def test_the_splits_are_disjoint_and_cover_the_data(self, data):
         source = keys(sample for dataset in data.datasets().values() for sample in samples(dataset))

@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO, project_env
+from helpers import REPO, project_env
 
 pytestmark = pytest.mark.slow  # every test here starts processes or trains for seconds
 

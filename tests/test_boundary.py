@@ -13,7 +13,7 @@ import warnings
 from pathlib import Path
 
 import pytest
-from conftest import DIGITS_CONFIG, REPO
+from helpers import DIGITS_CONFIG, REPO
 
 import project
 from project import lightning_internals as internals
@@ -230,3 +230,13 @@ def test_speed_parts_gone_from_lightning_fall_back_to_lightnings_own_behaviour_w
     assert any("no SIGTERM broadcast" in message and "_broadcast_sigterm_tensor" in message for message in messages)
     assert type(cli.trainer.strategy.launcher).__name__ == "_SubprocessScriptLauncher"  # Lightning's own
     assert "_broadcast_sigterm_tensor" not in vars(cli.trainer.fit_loop.epoch_loop)  # Lightning's own, untouched
+
+
+def test_the_jsonargparse_texts_that_errors_py_reads_are_in_the_installed_jsonargparse():
+    """project/errors.py explains jsonargparse's messages by their words: a reworded message would lose its
+    explanation without a failure elsewhere."""
+    from project.errors import JSONARGPARSE_TEXTS
+
+    root = Path(importlib.util.find_spec("jsonargparse").origin).parent
+    source = "".join(path.read_text() for path in root.rglob("*.py"))
+    assert [text for text in JSONARGPARSE_TEXTS if text not in source] == []

@@ -4,7 +4,7 @@ import copy
 
 import pytest
 import torch
-from conftest import REPO, metric_values, metrics_rows, quick_args, run_folder, run_in_process
+from helpers import REPO, metric_values, metrics_rows, quick_args, run_folder, run_in_process
 from lightning.pytorch import Trainer
 from lightning.pytorch.loggers import CSVLogger
 from torch import nn

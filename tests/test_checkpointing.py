@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 import torch
-from conftest import (
+from helpers import (
     REPO,
     checkpoint_dir,
     finish,

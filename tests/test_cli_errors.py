@@ -6,7 +6,7 @@ import sys
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import DIGITS_CONFIG, REPO, last_checkpoint, quick_args, run_folder, run_in_process
+from helpers import DIGITS_CONFIG, REPO, last_checkpoint, quick_args, run_folder, run_in_process
 from torch import nn
 
 from project.__main__ import main

@@ -2,7 +2,7 @@
 
 import pytest
 import yaml
-from conftest import DIGITS_CONFIG, REPO, run_project
+from helpers import DIGITS_CONFIG, REPO, run_project
 
 
 def _print_config(*configs) -> dict:

@@ -6,8 +6,8 @@ import sys
 import time
 
 import pytest
-from conftest import REPO, finish, free_port, project_env, run_project, start_python
 from fake_cluster import slurm_allocation
+from helpers import REPO, finish, free_port, project_env, run_project, start_python
 
 from project.commands.doctor import parse_size
 

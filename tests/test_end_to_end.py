@@ -5,7 +5,7 @@ import json
 
 import pytest
 import torch
-from conftest import REPO, exec_project, last_checkpoint, quick_args, run_project
+from helpers import REPO, exec_project, last_checkpoint, quick_args, run_project
 
 from project.data import DigitsDataModule
 

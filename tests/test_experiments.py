@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, checkpoint_dir, metric_values, quick_args, run_folder, run_in_process, run_project
+from helpers import REPO, checkpoint_dir, metric_values, quick_args, run_folder, run_in_process, run_project
 
 from project.runtime.faults import wait_until
 

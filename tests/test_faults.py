@@ -18,7 +18,8 @@ from typing import NamedTuple
 
 import pytest
 import torch
-from conftest import (
+from fault_injection import FailAt
+from helpers import (
     REPO,
     assert_same_weights,
     checkpoint_dir,
@@ -33,12 +34,11 @@ from conftest import (
     run_project,
     start_python,
 )
-from fault_injection import FailAt
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from project.cli import build_cli
+from project.exit_codes import DETERMINISTIC_EXIT_CODE, INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE
 from project.runs.folders import resume_command
-from project.runs.restarts import DETERMINISTIC_EXIT_CODE, INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE
 from project.runs.resume_state import ResumeState
 from project.runtime.early_interrupt import EarlyInterrupt
 from project.runtime.faults import FailFast
@@ -291,6 +291,15 @@ def test_every_run_gets_the_safeguards_after_the_configs_callbacks_in_the_order_
     order = [FailAt, FailFast, NaNGuard, Throughput, ResumeState, PreemptionCheck, ModelCheckpoint]
     assert [kind for kind in kinds if kind in order] == order
     assert cli.trainer.callbacks[kinds.index(PreemptionCheck)].check_every_n_steps == 50  # configs/digits.yaml
+
+
+@pytest.mark.parametrize("switch", ["fail_fast", "nan_guard", "throughput", "resume_state"])
+def test_each_safeguard_is_a_switch_that_turns_off_that_one_alone(tmp_path, monkeypatch, switch):
+    monkeypatch.setattr(sys, "argv", sys.argv[:1])
+    cli = build_cli(quick_args(tmp_path, f"--safeguards.{switch}", "false"), run=False)
+    kinds = {type(callback) for callback in cli.trainer.callbacks}
+    safeguards = {"fail_fast": FailFast, "nan_guard": NaNGuard, "throughput": Throughput, "resume_state": ResumeState}
+    assert {kind for kind in safeguards.values() if kind in kinds} == set(safeguards.values()) - {safeguards[switch]}
 
 
 @pytest.mark.slow

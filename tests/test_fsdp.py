@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, assert_same_weights, last_checkpoint, quick_args, run_folder, run_project
+from helpers import REPO, assert_same_weights, last_checkpoint, quick_args, run_folder, run_project
 from test_faults import RESUMABLE, fail_at, fit
 
 from project.runs.checkpointing import load_sharded_as_full, recover_interrupted_save

@@ -11,7 +11,7 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
-from conftest import REPO, project_env
+from helpers import REPO, project_env
 
 pytestmark = pytest.mark.slow  # every test here starts processes or trains for seconds
 

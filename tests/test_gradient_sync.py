@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import REPO, last_checkpoint, quick_args, run_project
+from helpers import REPO, last_checkpoint, quick_args, run_project
 from lightning.pytorch import seed_everything
 
 from project.networks import MLP

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import torch
-from conftest import REPO, last_checkpoint, processes_left, quick_args, run_folder, run_project
+from helpers import REPO, last_checkpoint, processes_left, quick_args, run_folder, run_project
 
 pytest.importorskip("torchvision")
 sys.path.insert(0, str(REPO / "scripts"))

@@ -5,9 +5,10 @@ import ast
 import importlib
 import importlib.util
 import sys
+from pathlib import Path
 
 import pytest
-from conftest import REPO
+from helpers import REPO
 
 import project
 from project.__main__ import COMMANDS, main
@@ -96,3 +97,27 @@ def test_the_users_files_import_none_of_the_machinery(graph):
     machinery = tuple(f"{PACKAGE}.{name}" for name in ("runtime", "runs", "commands"))
     reached = {f"{module} -> {name}" for module in users for name in graph[module] if name.startswith(machinery)}
     assert reached == set() and all(module in graph for module in users)
+
+
+# What runs before torch is imported: Ctrl-C and SLURM's requeue signal are caught from the command's first line,
+# seconds before torch's import ends on a busy node.
+BEFORE_TORCH = {f"{PACKAGE}{name}" for name in ("", ".__main__", ".exit_codes", ".runtime", ".runtime.early_interrupt")}
+BEFORE_TORCH |= {f"{PACKAGE}.runtime.requeue_signal"}
+
+
+def test_what_runs_before_torch_imports_only_the_standard_library_and_itself():
+    for name in sorted(BEFORE_TORCH):
+        tree = ast.parse(Path(importlib.util.find_spec(name).origin).read_text())
+        imported = [alias.name for node in tree.body if isinstance(node, ast.Import) for alias in node.names]
+        imported += [node.module for node in tree.body if isinstance(node, ast.ImportFrom)]  # module level only
+        heavy = [module for module in imported if module not in BEFORE_TORCH | set(sys.stdlib_module_names)]
+        assert heavy == [], name
+
+
+def test_the_map_names_every_module_of_the_package():
+    """docs/architecture.md has a line for each module: a new one gets its line, a removed one loses it."""
+    text = (REPO / "docs" / "architecture.md").read_text()
+    modules = [path for path in ROOT.rglob("*.py") if path.name != "__init__.py"]
+    assert [
+        str(path.relative_to(REPO)) for path in modules if f"`{path.name}`" not in text and f"/{path.name}`" not in text
+    ] == []

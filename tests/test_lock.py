@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from helpers import REPO
 
 UV = pytest.importorskip("uv").find_uv_bin()  # the dev extra installs uv
 EXPORT = re.compile(r"^#\s+(uv export .*)$", re.MULTILINE)

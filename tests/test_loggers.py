@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import DIGITS_CONFIG, REPO, metrics_rows, quick_args, run_folder, run_project
+from helpers import DIGITS_CONFIG, REPO, metrics_rows, quick_args, run_folder, run_project
 from lightning.pytorch.callbacks import LearningRateMonitor, RichProgressBar
 
 from project.cli import ProjectCLI

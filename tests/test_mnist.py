@@ -5,7 +5,7 @@ import struct
 
 import pytest
 import torch
-from conftest import DIGITS_CONFIG, REPO, run_project
+from helpers import DIGITS_CONFIG, REPO, run_project
 
 from project.data import MNISTDataModule
 

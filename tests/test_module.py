@@ -1,6 +1,6 @@
 import pytest
 import torch
-from conftest import REPO, last_checkpoint, metric_values, quick_args, run_folder, run_project
+from helpers import REPO, last_checkpoint, metric_values, quick_args, run_folder, run_project
 from lightning.pytorch import Trainer
 from torch import nn
 

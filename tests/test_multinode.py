@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import REPO, assert_same_weights, free_port, last_checkpoint, last_weights, quick_args, run_project
 from fake_cluster import SCRIPTS, launcher_env, slurm_allocation
+from helpers import REPO, assert_same_weights, free_port, last_checkpoint, last_weights, quick_args, run_project
 from lightning.pytorch import Trainer
 from multi_host import Hosts
 
@@ -27,8 +27,8 @@ def fit_args(run_dir: Path, *extra: str) -> list[str]:
 def run_nodes(
     script: str, nodes: list[tuple[dict, list[str]]], logs: Path, hosts: Hosts | None = None, timeout: float = 300
 ) -> list[str]:
-    """Starts `bash scripts/SCRIPT ARGS` once per (env, args) at the same time, like one per node (node N on host N of
-    HOSTS, else here); returns outputs."""
+    """Starts `bash scripts/<script> ARGS` once per (env, args) at the same time, like one per node (node N on host N
+    of HOSTS, else here); returns outputs."""
     procs = []
     try:
         for rank, (env, args) in enumerate(nodes):

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, free_port, project_env, quick_args
+from helpers import REPO, free_port, project_env, quick_args
 from multi_host import Hosts
 
 pytestmark = pytest.mark.slow

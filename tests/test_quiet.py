@@ -3,7 +3,7 @@
 import re
 
 import pytest
-from conftest import DIGITS_CONFIG, REPO, exec_project, run_project
+from helpers import DIGITS_CONFIG, REPO, exec_project, run_project
 
 pytestmark = pytest.mark.slow  # every test here starts processes or trains for seconds
 

@@ -5,7 +5,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import REPO, project_env
+from helpers import REPO, project_env
 
 pytestmark = pytest.mark.slow  # every test here runs scripts/slurm.sbatch (bash, a fake srun)
 

@@ -47,7 +47,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import REPO, checkpoint_dir, differing_weights, last_checkpoint, quick_args, run_project
+from helpers import REPO, checkpoint_dir, differing_weights, last_checkpoint, quick_args, run_project
 
 pytest.importorskip("torchvision")
 sys.path.insert(0, str(REPO / "scripts"))

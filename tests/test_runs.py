@@ -3,8 +3,8 @@ run's last.ckpt, and a resumed fit continues its own run's folder and logs."""
 
 import pytest
 import torch
-from conftest import metrics_rows, quick_args, run_folder
-from conftest import run_in_process as project
+from helpers import metrics_rows, quick_args, run_folder
+from helpers import run_in_process as project
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 import torch
-from conftest import DIGITS_CONFIG, REPO, assert_same_weights, last_checkpoint, project_env, quick_args, run_project
+from helpers import DIGITS_CONFIG, REPO, assert_same_weights, last_checkpoint, project_env, quick_args, run_project
 from torch import nn
 
 from project.__main__ import main

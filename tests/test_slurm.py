@@ -16,7 +16,7 @@ import optuna
 import pytest
 import torch
 import yaml
-from conftest import (
+from helpers import (
     REPO,
     assert_same_weights,
     last_checkpoint,

@@ -5,7 +5,7 @@ import json
 
 import pytest
 import torch
-from conftest import checkpoint_dir, quick_args, run_folder, run_in_process
+from helpers import checkpoint_dir, quick_args, run_folder, run_in_process
 from lightning.pytorch import Trainer
 
 from project.data import DigitsDataModule

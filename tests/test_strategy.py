@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import assert_same_weights, last_weights, quick_args
+from helpers import assert_same_weights, last_weights, quick_args
 from lightning.pytorch import Callback, LightningModule, Trainer
 
 from project.__main__ import main

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import torch
-from conftest import (
+from helpers import (
     REPO,
     assert_same_weights,
     last_checkpoint,

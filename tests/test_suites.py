@@ -1,12 +1,16 @@
-"""The reusable suites (tests/suites.py) applied to the template's own networks and data modules: what a user's
-subclass of them runs, and proof that the checks pass on code known to be right and fail on code known to be wrong."""
+"""The reusable suites (tests/suites.py) applied to the template's own networks, module and data modules: what a
+user's subclass of them runs, and proof that the checks pass on code known to be right and fail on code known to be
+wrong."""
 
 import pytest
 import torch
-from suites import DataModuleSuite, NetworkSuite
+from lightning.pytorch import LightningDataModule
+from suites import BaseDataModuleSuite, DataModuleSuite, ModuleSuite, NetworkSuite
 from torch import nn
+from torch.utils.data import DataLoader, Subset, TensorDataset
 
 from project.data import DigitsDataModule, TableDataModule
+from project.module import ClassificationModule
 from project.networks import MLP, SmallCNN, TorchvisionModel
 
 
@@ -20,6 +24,10 @@ class TestSmallCNN(NetworkSuite):
     init_args = {"channels": (4, 8)}
 
 
+class TestSmallCNNOnColourImages(TestSmallCNN):
+    input_shape = (3, 28, 28)
+
+
 class TestTorchvisionModel(NetworkSuite):
     network_class = TorchvisionModel
     init_args = {"name": "resnet18"}
@@ -30,12 +38,12 @@ class TestTorchvisionModel(NetworkSuite):
         pytest.importorskip("torchvision")
 
 
-class TestDigits(DataModuleSuite):
+class TestDigits(BaseDataModuleSuite):
     data_module_class = DigitsDataModule
     init_args = {"batch_size": 128}
 
 
-class TestTable(DataModuleSuite):
+class TestTable(BaseDataModuleSuite):
     data_module_class = TableDataModule
 
     def make_data_module(self, tmp_path_factory, **overrides):
@@ -45,7 +53,7 @@ class TestTable(DataModuleSuite):
         return TableDataModule(str(path), label="label", batch_size=4, **overrides)
 
 
-class TestImageFolder(DataModuleSuite):
+class TestImageFolder(BaseDataModuleSuite):
     def make_data_module(self, tmp_path_factory, **overrides):
         image = pytest.importorskip("PIL.Image")
         from project.data import ImageFolderDataModule
@@ -57,6 +65,40 @@ class TestImageFolder(DataModuleSuite):
             folder.mkdir(exist_ok=True)
             image.fromarray(values.numpy(), mode="L").save(folder / f"{index}.png")
         return ImageFolderDataModule(str(root), grayscale=True, batch_size=4, **overrides)
+
+
+@pytest.mark.slow  # three short fits: about 5 s
+class TestClassificationModule(ModuleSuite):
+    def make_module(self):
+        return ClassificationModule(MLP(10, (1, 8, 8), hidden_sizes=(16,), dropout=0.1), num_classes=10)
+
+    def make_data_module(self, tmp_path_factory):
+        return DigitsDataModule(batch_size=64)
+
+
+class RandomVectors(LightningDataModule):
+    """A plain LightningDataModule, nothing of the template's base: 96 random vectors in 3 classes, split 64/16/16."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        inputs = torch.randn(96, 4, generator=torch.Generator().manual_seed(0))
+        self.data = TensorDataset(inputs, torch.arange(96) % 3)
+
+    def loader(self, start: int, stop: int, shuffle: bool = False) -> DataLoader:
+        return DataLoader(Subset(self.data, range(start, stop)), batch_size=8, shuffle=shuffle)
+
+    def train_dataloader(self) -> DataLoader:
+        return self.loader(0, 64, shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self.loader(64, 80)
+
+    def test_dataloader(self) -> DataLoader:
+        return self.loader(80, 96)
+
+
+class TestAPlainLightningDataModule(DataModuleSuite):
+    data_module_class = RandomVectors
 
 
 class Halves(nn.Module):
@@ -98,3 +140,17 @@ def test_the_data_suite_fails_an_eval_loader_that_pads_a_rank_with_a_duplicate(t
     monkeypatch.setattr(project.data.base, "ExactDistributedSampler", padding)
     with pytest.raises(AssertionError, match="test on 2 ranks"):
         suite.test_the_eval_loaders_give_every_sample_once_across_ranks(data, 2)
+
+
+@pytest.mark.slow  # three short fits
+def test_the_module_suite_fails_a_resume_that_loses_the_rng_states(tmp_path, tmp_path_factory):
+    """Without ResumeState, dropout draws other numbers after the resume: the suite sees other weights."""
+
+    class WithoutResumeState(TestClassificationModule):
+        def trainer(self, root, **overrides):
+            return super().trainer(root, callbacks=[], **overrides)
+
+    with pytest.raises(AssertionError):
+        WithoutResumeState().test_a_fit_resumed_from_its_checkpoint_ends_with_the_uninterrupted_fits_weights(
+            tmp_path, tmp_path_factory
+        )

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
-from conftest import DIGITS_CONFIG, metric_values, run_folder, run_in_process, run_project
+from helpers import DIGITS_CONFIG, metric_values, run_folder, run_in_process, run_project
 
 optuna = pytest.importorskip("optuna")
 
@@ -21,7 +21,7 @@ FIT = ["--config", str(DIGITS_CONFIG), "--trainer.max_epochs", "2", "--trainer.e
 
 
 def run_trial(command: list[str]) -> subprocess.CompletedProcess:
-    """A trial's `python -m project fit ...`, run as a process forked from the warm server (conftest.run_project):
+    """A trial's `python -m project fit ...`, run as a process forked from the warm server (helpers.run_project):
     the same fit, without a fresh interpreter's start-up (about 8 s a trial)."""
     assert command[:4] == [sys.executable, "-m", "project", "fit"]
     result = run_project(*command[3:], cwd=Path.cwd())

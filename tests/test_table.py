@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, quick_args, run_folder, run_project
+from helpers import REPO, quick_args, run_folder, run_project
 from torch.utils.data import TensorDataset
 
 from project.__main__ import main

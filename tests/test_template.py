@@ -1,9 +1,11 @@
-"""The cookiecutter flow, for real: template from this repository, render it with the real cookiecutter as
-`my_vision_lab`, install it into a virtual environment that reuses this one's packages, run its own tests that name
-the package (a multi-process fit among them) and a fit with its console command."""
+"""The cookiecutter flow, for real: template from this repository, create `my_vision_lab` from it with cruft, edit it as
+its owner would, bring the template's next version in with `cruft update`, install it into a virtual environment that
+reuses this one's packages, run its own tests that name the package (a multi-process fit among them) and a fit with
+its console command."""
 
 import ast
 import importlib.util
+import json
 import re
 import shutil
 import site
@@ -12,10 +14,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, last_checkpoint, project_env
+from helpers import REPO, last_checkpoint, project_env
+from helpers.named_paths import missing_paths
 
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+, like scripts/make_template.py
 cookiecutter_main = pytest.importorskip("cookiecutter.main")
+cruft = pytest.importorskip("cruft")
 from cookiecutter.environment import StrictEnvironment  # noqa: E402
 from cookiecutter.exceptions import FailedHookException  # noqa: E402
 
@@ -101,18 +105,58 @@ def template(tmp_path_factory):
     return make_template.make_template(REPO, tmp_path_factory.mktemp("template") / "lightning-template", worktree=True)
 
 
-@pytest.fixture(scope="module")
-def rendered(template, tmp_path_factory):
-    """The project, rendered where git has no identity configured: the hook then commits as the template's author."""
-    output, home = tmp_path_factory.mktemp("rendered"), tmp_path_factory.mktemp("home")
+def git(cwd: Path, *args: str) -> str:
+    """git in CWD, as a user with an identity of their own."""
+    identity = ["-c", "user.name=Owner", "-c", "user.email=owner@example.com"]
+    return subprocess.run(["git", *identity, *args], cwd=cwd, check=True, **TEXT_OUTPUT).stdout
+
+
+def render_without_git_identity(template: Path, output: Path, home: Path) -> Path:
+    """The project, rendered by plain cookiecutter where git has no identity: the hook commits as the template's
+    author."""
     with pytest.MonkeyPatch.context() as patch:
         for name, value in {"HOME": str(home), "XDG_CONFIG_HOME": str(home), "GIT_CONFIG_NOSYSTEM": "1"}.items():
             patch.setenv(name, value)
         patch.delenv("GIT_CONFIG_GLOBAL", raising=False)
-        path = cookiecutter_main.cookiecutter(
-            str(template), no_input=True, extra_context=CONTEXT, output_dir=str(output)
+        return Path(
+            cookiecutter_main.cookiecutter(str(template), no_input=True, extra_context=CONTEXT, output_dir=str(output))
         )
-    return output / "my-vision-lab", path
+
+
+TEMPLATE_FIX = "# A fix of the template's, made after the project was created.\n"
+OWNERS_EDIT = "\n\n# The owner's own line.\n"
+OWNERS_FILE = ("notes/ideas.md", "The owner's file.\n")
+
+
+@pytest.fixture(scope="module")
+def template_repository(template, tmp_path_factory):
+    """A clone of the template that gets a later version (one commit), for the project made from it to update to."""
+    clone = tmp_path_factory.mktemp("template-repository") / "lightning-template"
+    subprocess.run(["git", "clone", "-q", str(template), str(clone)], check=True)
+    return clone
+
+
+@pytest.fixture(scope="module")
+def rendered(template_repository, tmp_path_factory):
+    """The project as its owner has it: created by cruft and committed (docs/development.md), module.py edited and a
+    file added and committed, then brought to the template's next version by `cruft update`, left to review."""
+    output = tmp_path_factory.mktemp("rendered")
+    path = cruft.create(str(template_repository), output_dir=output, extra_context=CONTEXT, no_input=True)
+    project_dir = output / "my-vision-lab"
+    git(project_dir, "init", "-q")
+    git(project_dir, "add", "-A")
+    git(project_dir, "commit", "-qm", "New project")
+    with (project_dir / "my_vision_lab" / "module.py").open("a") as module:
+        module.write(OWNERS_EDIT)
+    (project_dir / OWNERS_FILE[0]).parent.mkdir()
+    (project_dir / OWNERS_FILE[0]).write_text(OWNERS_FILE[1])
+    git(project_dir, "add", "-A")
+    git(project_dir, "commit", "-qm", "The owner's edits")
+    template_module = template_repository / make_template.PROJECT_DIR / "{{cookiecutter.package_name}}" / "module.py"
+    template_module.write_text(TEMPLATE_FIX + template_module.read_text())
+    git(template_repository, "commit", "-qam", "A fix")
+    assert cruft.update(project_dir, skip_apply_ask=True)
+    return project_dir, str(path)
 
 
 @pytest.fixture(scope="module")
@@ -133,17 +177,48 @@ def venv_python(rendered, tmp_path_factory):
     return python
 
 
+def small_repository(path: Path) -> Path:
+    """A repository of make_template.py, pyproject.toml and a package of one committed file."""
+    (path / "scripts").mkdir(parents=True)
+    shutil.copy(REPO / "scripts" / "make_template.py", path / "scripts")
+    shutil.copy(REPO / "pyproject.toml", path)
+    (path / NAME).mkdir()
+    (path / NAME / "__init__.py").write_text('"""committed"""\n')
+    for step in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "the first commit"]):
+        git(path, *step)
+    return path
+
+
+@pytest.mark.slow
+def test_each_template_version_is_one_commit_of_the_template_repository(tmp_path):
+    """What cruft needs: a git repository whose commits are the versions; a file the new version lacks is deleted."""
+    repo, template = small_repository(tmp_path / "repo"), tmp_path / "template"
+    make = [sys.executable, "scripts/make_template.py", str(template)]
+    assert subprocess.run(make, cwd=repo, **TEXT_OUTPUT).returncode == 0
+    (repo / NAME / "extra.py").write_text('"""added"""\n')
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "the second commit")
+    for _ in range(2):  # the second time, nothing has changed: no commit
+        made = subprocess.run(make, cwd=repo, **TEXT_OUTPUT)
+        assert made.returncode == 0 and f"cruft create {template}" in made.stdout, made.stderr
+    sources = git(repo, "log", "--format=%h").split()
+    assert git(template, "log", "--format=%s").splitlines() == [f"Template of {sha}" for sha in sources]
+    package = template / make_template.PROJECT_DIR / "{{cookiecutter.package_name}}"
+    git(repo, "rm", "-q", f"{NAME}/extra.py")
+    git(repo, "commit", "-qm", "the third commit")
+    assert subprocess.run(make, cwd=repo, **TEXT_OUTPUT).returncode == 0
+    assert not (package / "extra.py").exists() and (package / "__init__.py").is_file()
+    assert git(template, "status", "--porcelain") == ""
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "file").write_text("not a template\n")
+    refused = subprocess.run([*make[:2], str(tmp_path / "other")], cwd=repo, **TEXT_OUTPUT)
+    assert refused.returncode == 2 and "neither empty nor a template this script wrote" in refused.stderr
+
+
 @pytest.mark.slow
 def test_a_template_of_the_last_commit_is_refused_while_changes_are_uncommitted(tmp_path):
     """Uncommitted edits would be silently left out: refused (exit 2, naming them); --worktree takes them."""
-    repo = tmp_path / "repo"
-    (repo / "scripts").mkdir(parents=True)
-    shutil.copy(REPO / "scripts" / "make_template.py", repo / "scripts")
-    shutil.copy(REPO / "pyproject.toml", repo)
-    (repo / NAME).mkdir()
-    (repo / NAME / "__init__.py").write_text('"""committed"""\n')
-    for step in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "the first commit"]):
-        subprocess.run(["git", "-c", "user.name=T", "-c", "user.email=t@example.com", *step], cwd=repo, check=True)
+    repo = small_repository(tmp_path / "repo")
     (repo / NAME / "__init__.py").write_text('"""not committed"""\n')
     (repo / "notes.md").write_text("a new file\n")
     make = [sys.executable, "scripts/make_template.py"]
@@ -228,8 +303,38 @@ def test_an_unusable_name_stops_cookiecutter_before_writing(template, tmp_path, 
 
 @pytest.mark.slow
 @end_to_end
-def test_the_rendered_project_is_a_git_repository_with_everything_in_one_commit(rendered):
+def test_cruft_update_brings_the_templates_next_version_and_keeps_the_owners_edits(rendered, template_repository):
+    """The fix arrives in the file the owner edited, their line and file stay, and the project records the version."""
     project_dir, _ = rendered
+    module = (project_dir / "my_vision_lab" / "module.py").read_text()
+    assert module.startswith(TEMPLATE_FIX) and module.endswith(OWNERS_EDIT)
+    assert (project_dir / OWNERS_FILE[0]).read_text() == OWNERS_FILE[1]
+    record = json.loads((project_dir / ".cruft.json").read_text())
+    latest = git(template_repository, "rev-parse", "HEAD").strip()
+    assert (record["template"], record["commit"]) == (str(template_repository), latest)
+    assert record["context"]["cookiecutter"]["package_name"] == "my_vision_lab"
+    # The update waits for the owner's review and commit, as changes of the working tree.
+    assert git(project_dir, "status", "--porcelain").splitlines() == [" M .cruft.json", "M  my_vision_lab/module.py"]
+    assert cruft.check(project_dir)  # `cruft check`: the project is at the template's latest version
+
+
+@pytest.mark.slow
+@end_to_end
+def test_the_rendered_project_carries_no_history_and_names_only_paths_it_has(rendered):
+    """The template's dated reports stay in the template; the links to them read as words; no dated pages."""
+    project_dir, _ = rendered
+    assert not (project_dir / "docs" / "reports").exists()
+    assert missing_paths(project_dir) == {}
+    pages = [project_dir / "README.md", *(project_dir / "docs").glob("*.md")]
+    dated = {page.name: re.findall(r"\b20\d\d-\d\d-\d\d\b", page.read_text()) for page in pages}
+    assert {page: dates for page, dates in dated.items() if dates} == {}
+    assert "the template's reports" in (project_dir / "docs" / "fault-tolerance.md").read_text()
+
+
+@pytest.mark.slow
+@end_to_end
+def test_the_rendered_project_is_a_git_repository_with_everything_in_one_commit(template, tmp_path_factory):
+    project_dir = render_without_git_identity(template, tmp_path_factory.mktemp("out"), tmp_path_factory.mktemp("home"))
     git = {"cwd": project_dir, **TEXT_OUTPUT}
     log = subprocess.run(["git", "log", "--format=%an <%ae> %s"], **git).stdout.splitlines()
     assert log == [f"{CONTEXT['author']} <> New project from the Lightning template: My Vision Lab"]

@@ -3,7 +3,7 @@ kept on the training device."""
 
 import pytest
 import torch
-from conftest import metrics_rows, quick_args, run_folder, run_in_process
+from helpers import metrics_rows, quick_args, run_folder, run_in_process
 from lightning.pytorch import Trainer
 
 from project.data import DigitsDataModule

@@ -1,12 +1,9 @@
-"""Which faults a run restarts from by itself, and which end it for good: the exit codes, the outcome each rank leaves
-for its launcher, and each restart's record in the run folder.
+"""Which faults a run restarts from by itself, and which end it for good (the codes: ``project/exit_codes.py``):
+the outcome each rank leaves for its launcher, and each restart's record in the run folder.
 
-- a refusal (bad config, a missing checkpoint): exit 2, before anything starts; a restart would be refused again;
-- a deterministic failure (the NaN guard): exit 3; the same weights and data would fail at the same step again;
-- preemption and the time limit: exit 143 after saving (``runtime/preemption.py``); the scheduler requeues or not;
-- anything else (a crashed or killed rank, a rank that hung past the process-group timeout, a lost node): the
-  launcher restarts the run, which resumes from its run folder's newest checkpoint, up to a restart budget
-  (``MAX_RESTARTS`` in ``scripts/slurm.sbatch`` and ``scripts/torchrun.sh``).
+A crashed or killed rank, a rank that hung past the process-group timeout, a lost node (exit 1): the launcher restarts
+the run, which resumes from its run folder's newest checkpoint, up to a restart budget (``MAX_RESTARTS`` in
+``scripts/slurm.sbatch`` and ``scripts/torchrun.sh``). The final codes (``FINAL_EXIT_CODES``) end it for good.
 
 srun reports one exit code for all tasks, and when one task fails it ends the others with SIGTERM, so the code says
 nothing about the cause: each rank appends its outcome (``CODE<TAB>CAUSE``) to ``PROJECT_EXIT_FILE``, which
@@ -14,30 +11,17 @@ nothing about the cause: each rank appends its outcome (``CODE<TAB>CAUSE``) to `
 """
 
 import os
-import signal
 from pathlib import Path
 
 from lightning.pytorch.utilities import rank_zero_only
 
+from project.exit_codes import FINAL_EXIT_CODES, INTERRUPTED_EXIT_CODE, REFUSED_EXIT_CODE
 from project.messages import first_line, report
 
-REFUSED_EXIT_CODE = 2  # argparse's and jsonargparse's code for a refused command line
-DETERMINISTIC_EXIT_CODE = 3
-# 128 + SIGTERM, what shells, SLURM and Kubernetes report for a process that SIGTERM ended: schedulers and scripts
-# read "terminated before the end" (requeue, or resume with --ckpt_path last), not success (0) nor a crash (1).
-PREEMPTED_EXIT_CODE = 128 + signal.SIGTERM
-INTERRUPTED_EXIT_CODE = 128 + signal.SIGINT  # 130: what shells report for a command Ctrl-C ended
-FINAL_EXIT_CODES = (REFUSED_EXIT_CODE, DETERMINISTIC_EXIT_CODE, INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE)
-CRASHED_EXIT_CODE = 1
 EXIT_FILE_VAR = "PROJECT_EXIT_FILE"
 RESTART_COUNT_VAR = "PROJECT_RESTART_COUNT"  # restarts within a SLURM allocation (scripts/slurm.sbatch)
 RESTART_CAUSE_VAR = "PROJECT_RESTART_CAUSE"
 RESTARTS_FILE = "restarts.txt"  # in the run folder: one line per restart, with its cause
-
-
-def exit_code_for(error: BaseException) -> int:
-    """The exit code a rank that raised ERROR ends with: the NaN guard's failures are deterministic."""
-    return DETERMINISTIC_EXIT_CODE if isinstance(error, FloatingPointError) else CRASHED_EXIT_CODE
 
 
 def record_outcome(code: int, cause: str) -> None:

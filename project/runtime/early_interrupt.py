@@ -14,7 +14,8 @@ import sys
 import threading
 import time
 
-INTERRUPTED_EXIT_CODE = 128 + signal.SIGINT  # runs/restarts.py's, without its imports
+from project.exit_codes import INTERRUPTED_EXIT_CODE
+
 GRACE_S = 1.0  # for the main thread to stop by itself, where it runs Python code
 
 

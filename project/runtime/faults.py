@@ -22,8 +22,9 @@ import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
 
 from project import lightning_internals as internals
+from project.exit_codes import exit_code_for
 from project.messages import first_line, report
-from project.runs.restarts import exit_code_for, record_outcome
+from project.runs.restarts import record_outcome
 from project.runtime.rendezvous import StartupFailed
 from project.runtime.strategy import process_group_timeout
 

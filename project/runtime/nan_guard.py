@@ -11,15 +11,13 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 class NaNGuard(Callback):
     """Each step only keeps its (already detached) loss tensor; they are checked together at every
     ``log_every_n_steps``-th step, at epoch end and before each checkpoint: one host sync per window, none per step.
-    Each window's mean is the per-step loss curve (``train_loss_step``), logged when a logger or the progress bar
-    reads it. Lightning orders checkpoint callbacks last, so the check runs before ``ModelCheckpoint`` saves and the
+    Lightning orders checkpoint callbacks last, so the check runs before ``ModelCheckpoint`` saves and the
     last checkpoint keeps the last finite weights.
     """
 
     def __init__(self) -> None:
         self._losses: list[torch.Tensor] = []
         self._first_step = 0  # the global step after the window's first loss
-        self.window_mean: torch.Tensor | None = None  # the last checked window's mean loss, for the loss curve
 
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -31,8 +29,6 @@ class NaNGuard(Callback):
             self._losses.append(loss)
         if trainer.global_step % trainer.log_every_n_steps == 0:  # at the logging steps: a resumed run's too
             self.check(trainer)
-            if self.window_mean is not None and (trainer.loggers or trainer.progress_bar_callback):
-                pl_module.log("train_loss_step", self.window_mean, prog_bar=True, on_step=True)  # not cheap: once
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.check(trainer)
@@ -44,9 +40,7 @@ class NaNGuard(Callback):
         losses, self._losses = self._losses, []
         if not losses:
             return
-        stacked = torch.stack(losses)  # the losses are scalars: backward needs one
-        self.window_mean = stacked.mean()
-        finite = stacked.isfinite()
+        finite = torch.stack(losses).isfinite()  # the losses are scalars: backward needs one
         if not finite.all():
             step = self._first_step + int((~finite).nonzero()[0])
             raise FloatingPointError(

@@ -49,8 +49,8 @@ from lightning.fabric.plugins.environments import LightningEnvironment
 from lightning.pytorch import Callback, LightningModule, Trainer
 
 from project import lightning_internals as internals
+from project.exit_codes import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE
 from project.runs.folders import resume_command, slurm_job_id
-from project.runs.restarts import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE
 from project.runtime.early_interrupt import EarlyInterrupt
 from project.runtime.faults import Stopped, finish_pending_save, report
 from project.runtime.requeue_signal import EarlyRequeueSignal

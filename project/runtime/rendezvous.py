@@ -32,15 +32,18 @@ import lightning
 import torch
 import torch.distributed as dist
 
+from project.exit_codes import CRASHED_EXIT_CODE, REFUSED_EXIT_CODE
 from project.messages import first_line, report
 from project.runtime import network
 
-REFUSED = 2  # a setting that cannot work (runs/restarts.py's refusal): restarting would end the same way
-UNREACHED = 1  # the network did not let the ranks meet: may be transient, and the launchers' restarts may retry it
+REFUSED = REFUSED_EXIT_CODE  # a setting that cannot work: restarting would end the same way
+# The network did not let the ranks meet: may be transient, and the launchers' restarts may retry it.
+UNREACHED = CRASHED_EXIT_CODE
 POLL_S = 0.1
 LINGER_S = 5.0
 PROBE_S = 5.0  # a data connection that has not opened in this long is dropped on the way
-PROCESS_GROUP_KEYS = "project/process_group"  # the store's key space for the process group, apart from the start-up's
+# The store's key space for the process group, apart from the start-up's.
+PROCESS_GROUP_KEYS = "project/process_group"
 NODE_LOCAL_KEYS = (
     "config",
     "default_root_dir",
