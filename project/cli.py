@@ -16,13 +16,14 @@ import torch
 import torch.distributed as dist
 from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch import Trainer
-from lightning.pytorch.accelerators import CUDAAccelerator
+from lightning.pytorch.accelerators import CPUAccelerator, CUDAAccelerator
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, RichProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.strategies import ParallelStrategy
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from project import lightning_internals as internals
+from project.checks import SettingsError, check_settings, cpu_processes_problem
 from project.data import BaseDataModule
 from project.errors import ProjectArgumentParser, constructor_error
 from project.messages import first_line
@@ -67,6 +68,7 @@ class ProjectCLI(LightningCLI):
         config = self.config[subcommand]
         given = config.ckpt_path  # before prepare_run resolves last/best/auto to a file
         try:
+            check_settings(config)
             self.run_plan = folders.prepare_run(config, subcommand)
             self.save_config_kwargs["config_filename"] = self.run_plan.config_filename
             self.save_config_kwargs["new_run"] = self.run_plan.folder is None
@@ -74,7 +76,7 @@ class ProjectCLI(LightningCLI):
                 self.checkpoint_shapes = check_checkpoint(config.ckpt_path)
                 self.checkpoint_named = given
                 folders.check_found_network(config, given)
-        except (folders.RunFolderError, CheckpointError) as error:
+        except (folders.RunFolderError, CheckpointError, SettingsError) as error:
             parser.error(str(error))
 
     def instantiate_classes(self) -> None:
@@ -138,6 +140,10 @@ class ProjectCLI(LightningCLI):
         backend = getattr(strategy, "process_group_backend", None)
         if backend is not None:
             check_backend(backend, on_gpu=isinstance(self.trainer.accelerator, CUDAAccelerator))
+        if isinstance(self.trainer.accelerator, CPUAccelerator) and (
+            problem := cpu_processes_problem(self.trainer.num_devices)
+        ):
+            raise ValueError(problem)
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         """Adds what every run needs, whatever the config's callbacks: forked local CPU ranks, crash-safe
