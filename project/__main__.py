@@ -51,6 +51,10 @@ def main(args: list[str] | None = None) -> None:
         sys.exit(restarts.REFUSED_EXIT_CODE)
     except FloatingPointError:  # the NaN guard, already reported and recorded (runtime/nan_guard.py): never restarted
         sys.exit(restarts.DETERMINISTIC_EXIT_CODE)
+    except OSError as error:  # a full disk, reported and recorded by FailFast (runtime/faults.py): never restarted
+        if not restarts.is_disk_full(error):
+            raise
+        sys.exit(restarts.DISK_FULL_EXIT_CODE)
     except SystemExit as error:
         restarts.record_exit(error)
         raise

@@ -23,7 +23,8 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 
 from project import lightning_internals as internals
 from project.messages import first_line, report
-from project.runs.restarts import exit_code_for, record_outcome
+from project.runs.folders import resume_command
+from project.runs.restarts import exit_code_for, is_disk_full, record_outcome
 from project.runtime.strategy import process_group_timeout
 
 # The process that started this one: for a rank that Lightning's launcher re-ran, rank 0 (launcher.py sets it in a
@@ -75,6 +76,8 @@ class FailFast(Callback):
         """Reports the failure and stops the launched ranks; returns the cause in one line (the hung rank, if any)."""
         where = f"rank {trainer.global_rank}/{trainer.world_size} failed at step {trainer.global_step}"
         cause = f"{where}: {type(exception).__name__}: {first_line(exception)}"
+        if is_disk_full(exception):
+            cause += f"; once space is freed, resume with: {resume_command(sys.argv)}"
         report(cause)
         if isinstance(exception, torch.distributed.DistError):
             report(f"rank {trainer.global_rank}: {DIST_HINT}")
