@@ -101,7 +101,13 @@ def check_checkpoint(path: str | Path) -> dict[str, tuple[int, ...]]:
         tensors = FileSystemReader(path).read_metadata().state_dict_metadata
         prefix = "state_dict."
         return {key[len(prefix) :]: tuple(meta.size) for key, meta in tensors.items() if key.startswith(prefix)}
-    state_dict = load_checkpoint_file(path, mmap=True).get("state_dict", {})  # mmap: the structure, not every tensor
+    try:
+        state_dict = load_checkpoint_file(path, mmap=True).get("state_dict", {})  # mmap: the structure, not the tensors
+    except CheckpointError as error:
+        intact = newest_intact_checkpoint(path.parent, besides=path) if path.is_file() else None
+        if intact is None:
+            raise
+        raise CheckpointError(f"{error}; the newest intact checkpoint beside it: --ckpt_path {intact}") from error
     return {key: tuple(value.shape) for key, value in state_dict.items()}
 
 
