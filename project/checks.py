@@ -3,6 +3,9 @@
 Each check is here because, unchecked, the mistake surfaced late and badly (measured with ``python -m project fit
 --config configs/digits.yaml`` and the one wrong value):
 
+- a config file whose ``trainer`` (or another section) is not a mapping (``trainer: 3``): jsonargparse takes it, and
+  the run was built without the config's callbacks and failed inside the CLI with ``StopIteration``;
+
 - ``trainer.accumulate_grad_batches`` below 1: a ``ZeroDivisionError`` inside Lightning at the first step (53 lines);
 - ``trainer.log_every_n_steps`` or ``trainer.gradient_clip_val`` negative: accepted, and the run went on without
   logging or with clipping that means nothing;
@@ -34,6 +37,17 @@ def check_settings(config: Namespace) -> None:
     problem = next(filter(None, (check(config) for check in SETTINGS_CHECKS)), None)
     if problem:
         raise SettingsError(problem)
+
+
+SECTIONS = ("trainer", "model", "data", "checkpoint", "preemption", "periodic")  # each a class's arguments
+
+
+def section_problem(config: Namespace) -> str | None:
+    for name in SECTIONS:
+        value = config.get(name)
+        if value is not None and not isinstance(value, Namespace):
+            return f"{name} must be a mapping of its arguments (key: value lines under it), got {value!r}"
+    return None
 
 
 def trainer_range_problem(config: Namespace) -> str | None:
@@ -90,7 +104,7 @@ def run_length_problem(config: Namespace) -> str | None:
     )
 
 
-SETTINGS_CHECKS = (trainer_range_problem, seed_problem, root_dir_problem, run_length_problem)
+SETTINGS_CHECKS = (section_problem, trainer_range_problem, seed_problem, root_dir_problem, run_length_problem)
 
 
 def usable_cores() -> int:

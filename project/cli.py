@@ -61,14 +61,20 @@ class ProjectCLI(LightningCLI):
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         """Resolves ``--ckpt_path last|best|auto`` and refuses what cannot run, before anything is built or written
         (LightningCLI would next read the checkpoint's hyperparameters, failing with a raw traceback)."""
-        super().parse_arguments(parser, args)
+        try:
+            super().parse_arguments(parser, args)
+        except UnicodeDecodeError as error:  # jsonargparse reads a config file as text, and lets this through
+            parser.error(f"a --config file is not a text (UTF-8) file: {error}")
         subcommand = self.config.get("subcommand")
-        if not subcommand:
-            return
-        config = self.config[subcommand]
-        given = config.ckpt_path  # before prepare_run resolves last/best/auto to a file
+        config = self.config[subcommand] if subcommand else self.config  # none: run=False, built but not run
         try:
             check_settings(config)
+        except SettingsError as error:
+            parser.error(str(error))
+        if not subcommand:
+            return
+        given = config.ckpt_path  # before prepare_run resolves last/best/auto to a file
+        try:
             self.run_plan = folders.prepare_run(config, subcommand)
             self.save_config_kwargs["config_filename"] = self.run_plan.config_filename
             self.save_config_kwargs["new_run"] = self.run_plan.folder is None
@@ -76,7 +82,7 @@ class ProjectCLI(LightningCLI):
                 self.checkpoint_shapes = check_checkpoint(config.ckpt_path)
                 self.checkpoint_named = given
                 folders.check_found_network(config, given)
-        except (folders.RunFolderError, CheckpointError, SettingsError) as error:
+        except (folders.RunFolderError, CheckpointError) as error:
             parser.error(str(error))
 
     def instantiate_classes(self) -> None:
@@ -185,7 +191,11 @@ def add_safeguards(trainer: Trainer) -> None:
     - ``PreemptionCheck`` (runtime/preemption.py): SIGTERM, the requeue signal and Ctrl-C; its stop comes after the
       step's other work, and its ``on_exception`` after ``FailFast``'s.
     """
-    at = next(index for index, callback in enumerate(trainer.callbacks) if isinstance(callback, PreemptionCheck))
+    at = next(
+        (index for index, callback in enumerate(trainer.callbacks) if isinstance(callback, PreemptionCheck)), None
+    )
+    if at is None:  # jsonargparse accepts `trainer: 0` in a config file, and then builds none of the config's callbacks
+        raise ValueError("trainer must be a mapping of its arguments in every config file (key: value lines under it)")
     trainer.callbacks[at:at] = [FailFast(), NaNGuard(), Throughput(), ResumeState()]
 
 
