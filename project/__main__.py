@@ -56,6 +56,10 @@ def main(args: list[str] | None = None) -> None:
         sys.exit(error.exit_code)
     except FloatingPointError:  # the NaN guard, already reported and recorded (runtime/nan_guard.py): never restarted
         sys.exit(exit_codes.DETERMINISTIC_EXIT_CODE)
+    except OSError as error:  # a full disk, reported and recorded by FailFast (runtime/faults.py): never restarted
+        if not exit_codes.is_disk_full(error):
+            raise
+        sys.exit(exit_codes.DISK_FULL_EXIT_CODE)
     except SystemExit as error:
         restarts.record_exit(error)
         raise

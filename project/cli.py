@@ -18,13 +18,14 @@ import torch
 import torch.distributed as dist
 from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch import Trainer
-from lightning.pytorch.accelerators import CUDAAccelerator
+from lightning.pytorch.accelerators import CPUAccelerator, CUDAAccelerator
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, RichProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.strategies import ParallelStrategy
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from project import lightning_internals as internals
+from project.checks import SettingsError, check_settings, cpu_processes_problem
 from project.data import BaseDataModule
 from project.errors import ProjectArgumentParser, constructor_error
 from project.messages import first_line
@@ -61,11 +62,18 @@ class ProjectCLI(LightningCLI):
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         """Resolves ``--ckpt_path last|best|auto`` and refuses what cannot run, before anything is built or written
         (LightningCLI would next read the checkpoint's hyperparameters, failing with a raw traceback)."""
-        super().parse_arguments(parser, args)
+        try:
+            super().parse_arguments(parser, args)
+        except UnicodeDecodeError as error:  # jsonargparse reads a config file as text, and lets this through
+            parser.error(f"a --config file is not a text (UTF-8) file: {error}")
         subcommand = self.config.get("subcommand")
+        config = self.config[subcommand] if subcommand else self.config  # none: run=False, built but not run
+        try:
+            check_settings(config)
+        except SettingsError as error:
+            parser.error(str(error))
         if not subcommand:
             return
-        config = self.config[subcommand]
         given = config.ckpt_path  # before prepare_run resolves last/best/auto to a file
         try:
             self.run_plan = folders.prepare_run(config, subcommand)
@@ -141,6 +149,10 @@ class ProjectCLI(LightningCLI):
         backend = getattr(strategy, "process_group_backend", None)
         if backend is not None:
             check_backend(backend, on_gpu=isinstance(self.trainer.accelerator, CUDAAccelerator))
+        if isinstance(self.trainer.accelerator, CPUAccelerator) and (
+            problem := cpu_processes_problem(self.trainer.num_devices)
+        ):
+            raise ValueError(problem)
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         """Adds what every run needs, whatever the config's callbacks: forked local CPU ranks, crash-safe
@@ -188,7 +200,11 @@ def add_safeguards(trainer: Trainer, safeguards: Safeguards) -> None:
     - ``PreemptionCheck`` (runtime/preemption.py): SIGTERM, the requeue signal and Ctrl-C; its stop comes after the
       step's other work, and its ``on_exception`` after ``FailFast``'s.
     """
-    at = next(index for index, callback in enumerate(trainer.callbacks) if isinstance(callback, PreemptionCheck))
+    at = next(
+        (index for index, callback in enumerate(trainer.callbacks) if isinstance(callback, PreemptionCheck)), None
+    )
+    if at is None:  # jsonargparse accepts `trainer: 0` in a config file, and then builds none of the config's callbacks
+        raise ValueError("trainer must be a mapping of its arguments in every config file (key: value lines under it)")
     trainer.callbacks[at:at] = safeguards.callbacks()
 
 

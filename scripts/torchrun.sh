@@ -10,8 +10,9 @@
 #
 # Self-healing: when a worker fails (crashes, is killed, or hangs past the process-group timeout), torchrun restarts
 # every worker of the node, up to MAX_RESTARTS times (default 3); with `--ckpt_path auto` they resume the run from
-# its newest checkpoint. torchrun cannot tell a refusal (exit 2) or the NaN guard (exit 3) from a crash: those are
-# restarted too, within the budget. Each worker records its outcome in PROJECT_EXIT_FILE (the restart's cause).
+# its newest checkpoint. torchrun cannot tell a refusal (exit 2), the NaN guard (exit 3) or a full disk (exit 4)
+# from a crash: those are restarted too, within the budget. Each worker records its outcome in PROJECT_EXIT_FILE
+# (the restart's cause).
 #
 # Periodic checkpoints: last.ckpt every CHECKPOINT_EVERY of training (H:MM:SS, default 0:30:00), beside the per-epoch
 # ones, written in the background (the training stalls for a copy only): a crash or a lost node loses at most that

@@ -1,6 +1,7 @@
 """Bad input exits non-zero with a message that names the problem, before any process group starts, and
 writes nothing. In-process: every refusal happens before Lightning launches a process."""
 
+import os
 import sys
 
 import pytest
@@ -335,3 +336,18 @@ def test_a_run_that_fails_at_its_first_step_into_a_new_root_leaves_nothing(tmp_p
     with pytest.raises(RuntimeError, match="out of memory at the first step"):
         run_in_process("fit", *quick_args(tmp_path / "run", "--model.network", f"{__name__}.FailsToTrain"))
     assert not (tmp_path / "run").exists()
+
+
+def test_a_truncated_last_checkpoint_names_the_newest_intact_one_beside_it(capsys, tmp_path):
+    """`--ckpt_path last` finds a last.ckpt cut short (a disk that filled, a copy cut short): the refusal names the
+    newest checkpoint beside it that loads, to resume from instead."""
+    folder = tmp_path / "run" / "lightning_logs" / "version_0" / "checkpoints"
+    folder.mkdir(parents=True)
+    for name in ("epoch=0-step=10.ckpt", "epoch=1-step=20.ckpt", "last.ckpt"):
+        torch.save({"state_dict": {"w": torch.ones(1000)}}, folder / name)
+    (folder / "last.ckpt").write_bytes((folder / "last.ckpt").read_bytes()[:2000])
+    os.utime(folder / "epoch=0-step=10.ckpt", (1, 1))  # older than step 20's
+    stderr = _refused(capsys, tmp_path / "other", "fit", *quick_args(tmp_path / "run", "--ckpt_path", "last"))
+    assert f"checkpoint {folder / 'last.ckpt'} is corrupted or truncated" in stderr
+    assert f"the newest intact checkpoint beside it: --ckpt_path {folder / 'epoch=1-step=20.ckpt'}" in stderr
+    assert len(stderr.splitlines()) <= ONE_SCREEN

@@ -5,10 +5,12 @@ import json
 import re
 import shutil
 import sys
+from pathlib import Path
 
 import pytest
 import torch
-from helpers import REPO, last_checkpoint, processes_left, quick_args, run_folder, run_project
+from helpers import REPO, last_checkpoint, processes_left, quick_args, run_folder, run_in_process, run_project
+from test_cli_errors import write_images
 
 pytest.importorskip("torchvision")
 sys.path.insert(0, str(REPO / "scripts"))
@@ -178,14 +180,58 @@ def test_a_worker_count_out_of_range_is_refused(images, num_workers):
 
 
 @pytest.mark.slow
-def test_an_unreadable_image_stops_every_rank_naming_the_file(images, tmp_path):
+def test_an_unreadable_image_is_refused_before_any_rank_starts_naming_the_file_once(images, tmp_path):
     root = tmp_path / "images"
     shutil.copytree(images, root)
     broken = sorted((root / "train" / "5").glob("*.png"))[3]
     broken.write_bytes(b"not a png")
     run_dir = tmp_path / "run"
     result = run_project("fit", *image_args(run_dir, root, "--trainer.devices", "2"), cwd=REPO, timeout=120)
-    assert result.returncode != 0
-    assert f"cannot read image {broken}" in result.stderr
-    assert "rank " in result.stderr and " failed at step " in result.stderr
+    assert result.returncode == 2
+    assert result.stderr.count(f"1 of 1797 images under {root} cannot be read: {broken} (not an image") == 1
+    assert "Traceback" not in result.stderr and not run_dir.exists()
     assert processes_left(result) == []
+
+
+def break_images(root, count: int) -> list[str]:
+    """Cuts the first COUNT training PNGs short (as a copy interrupted leaves them); their paths."""
+    broken = sorted(str(path) for path in (root / "train").rglob("*.png"))[:count]
+    for path in broken:
+        cut_short(path)
+    return broken
+
+
+def cut_short(path: str) -> None:
+    data = Path(path).read_bytes()
+    Path(path).write_bytes(data[: len(data) // 2])
+
+
+def test_unreadable_training_images_are_listed_at_once_and_skipped_with_the_switch(tmp_path, capsys):
+    root = write_images(tmp_path, [8] * 6)
+    broken = break_images(root, 5)
+    with pytest.raises(ValueError) as refused:
+        ImageFolderDataModule(root=str(root))
+    message = str(refused.value)
+    assert message.startswith(f"5 of 12 images under {root} cannot be read: {broken[0]} (Truncated File Read), ")
+    assert "and 2 more; fix or remove them, or give --data.init_args.skip_unreadable true" in message
+    data = ImageFolderDataModule(root=str(root), skip_unreadable=True)
+    assert len(data.folders["train"]) == 7 and not set(broken) & {path for path, _ in data.folders["train"].samples}
+    assert "training without 5 of 12 images" in capsys.readouterr().err
+
+
+def test_predict_on_a_folder_with_an_unreadable_image_writes_every_row_and_the_reason(tmp_path):
+    root = write_images(tmp_path / "images", [8] * 3)
+    new = tmp_path / "new"
+    shutil.copytree(root / "train", new)
+    (new / "notes.txt").write_text("not an image, not an input")
+    broken = str(sorted(new.rglob("*.png"))[2])
+    cut_short(broken)
+    flags = ("--data.init_args.grayscale", "false", "--data.init_args.predict_path", str(new))
+    output = run_in_process("predict", *image_args(tmp_path / "run", root, *flags))
+    with (run_folder(tmp_path / "run") / "predictions.csv").open(newline="") as file:
+        rows = list(csv.DictReader(file))
+    readable = sorted(str(path) for path in new.rglob("*.png") if str(path) != broken)
+    assert [row["input"] for row in rows] == [*readable, broken]
+    assert all(row["prediction"] in "ab" and row["error"] == "" for row in rows[:-1])
+    assert rows[-1]["prediction"] == "" and rows[-1]["error"] == "image file is truncated"
+    assert "5 predictions written to" in output and "; 1 inputs could not be read (rows with an error)" in output

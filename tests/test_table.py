@@ -82,7 +82,7 @@ def test_parquet_is_read_with_typed_columns_and_its_nulls_refused(tmp_path):
     assert data.classes == ["False", "True"] and data.labels.tolist() == [1, 0, 1]
     assert data.values.tolist() == [[1, 0.5], [2, 1.5], [3, 2.5]]
     parquet.write_table(pyarrow.table({"f": [0.5, None], "ok": [True, False]}), path)
-    with pytest.raises(ValueError, match=r"t\.parquet: row 2, column 'f': missing value"):
+    with pytest.raises(ValueError, match=r"1 of 2 rows of .*t\.parquet cannot be read: row 2 \(column 'f': missing"):
         TableDataModule(str(path), label="ok")
 
 
@@ -106,7 +106,7 @@ def table_args(run_dir: Path, path: Path, *extra: str) -> list[str]:
 
 @pytest.mark.parametrize(
     ("cell", "message"),
-    [("", "row 3, column 'y': missing value"), ("n/a", "row 3, column 'y': 'n/a' is not a number")],
+    [("", "row 3 (column 'y': missing value)"), ("n/a", "row 3 (column 'y': 'n/a' is not a number)")],
     ids=["empty", "text"],
 )
 def test_a_missing_or_non_numeric_value_exits_2_naming_file_row_and_column(
@@ -119,7 +119,7 @@ def test_a_missing_or_non_numeric_value_exits_2_naming_file_row_and_column(
     with pytest.raises(SystemExit) as exit_info:
         main(["fit", *table_args(tmp_path / "run", path)])
     assert exit_info.value.code == 2
-    assert f"{path}: {message}" in capsys.readouterr().err
+    assert f"1 of 4 rows of {path} cannot be read: {message}; fix or remove them" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
 
 
@@ -156,3 +156,20 @@ def test_predict_on_a_new_csv_writes_row_class_name_and_probabilities(fitted, ta
         probabilities = [float(row[f"probability_{name}"]) for name in ("cat", "emu", "owl")]
         assert sum(probabilities) == pytest.approx(1, abs=1e-5)
         assert max(probabilities) == float(row[f"probability_{row['prediction']}"])
+
+
+def test_malformed_rows_are_listed_all_at_once_and_skipped_with_the_switch(tmp_path, capsys):
+    rows = blobs(30)
+    rows[2][2], rows[5][0], rows[9][1] = "", "n/a", ""  # a missing value, a word, a missing label
+    rows[12] = rows[12][:3]  # a line cut short
+    path = write_csv(tmp_path / "holes.csv", ["x", "species", "y", "z"], rows)
+    with pytest.raises(ValueError) as refused:
+        TableDataModule(str(path), label="species")
+    assert str(refused.value) == (
+        f"4 of 30 rows of {path} cannot be read: row 3 (column 'y': missing value), row 6 (column 'x': 'n/a' is not"
+        " a number), row 10 (column 'species': missing value) and 1 more; fix or remove them, or give"
+        " --data.init_args.skip_unreadable true to train without them"
+    )
+    data = TableDataModule(str(path), label="species", skip_unreadable=True)
+    assert len(data.labels) == 26 and data.values.shape == (26, 3)
+    assert f"training without 4 of 30 rows of {path} that cannot be read (skip_unreadable)" in capsys.readouterr().err

@@ -109,6 +109,7 @@ class BaseDataModule(LightningDataModule):
         self.augmented = augments(train_transforms, eval_transforms)  # training samples then carry seeds
         self.splits: dict[str, Dataset] = {}
         self.predict_names: list[str] | None = None  # the inputs of predict_path, by index, once loaded
+        self.unreadable_inputs: list[tuple[str, str]] = []  # predict_path's inputs that could not be read, and why
         self.predict_sampler: Sampler | None = None
 
     def datasets(self) -> dict[str, Dataset]:

@@ -10,6 +10,8 @@ from torch.utils.data import Dataset
 
 from project.data.base import SPLITS, BaseDataModule
 from project.data.transforms import presets
+from project.data.unreadable import refuse_or_skip
+from project.messages import first_line
 
 
 class ImageFolderDataModule(BaseDataModule):
@@ -28,6 +30,9 @@ class ImageFolderDataModule(BaseDataModule):
         horizontal_flip: training augmentation: flip half of the images left to right.
         grayscale: read images as one channel (``False``: RGB, three channels).
         mean, std: normalize each channel (``None``: pixel values scaled to [0, 1]).
+        skip_unreadable: train without the images that cannot be read (``False``: refuse them, listed, before the
+            first step). Each file's header is checked, and a PNG's every chunk: a JPEG cut short passes and fails
+            when a worker reads it, naming the file. ``predict`` decodes each input first and carries on past any.
         **kwargs: the ``BaseDataModule`` arguments (batch_size, num_workers, transforms, ...).
     """
 
@@ -40,6 +45,7 @@ class ImageFolderDataModule(BaseDataModule):
         grayscale: bool = False,
         mean: list[float] | None = None,
         std: list[float] | None = None,
+        skip_unreadable: bool = False,
         **kwargs,
     ) -> None:
         # kwargs go on to super().__init__ as they are: jsonargparse follows them there for the accepted keys.
@@ -49,23 +55,62 @@ class ImageFolderDataModule(BaseDataModule):
         super().__init__(**kwargs)
         self.mode = "L" if grayscale else "RGB"
         self.folders = image_folders(Path(root), self.mode)
+        paths = [path for folder in self.folders.values() for path, _ in folder.samples]
+        problems = unreadable_images(paths, decode=False)
+        refuse_or_skip(problems, len(paths), f"images under {root}", skip_unreadable)
+        leave_out(self.folders, problems)
         if image_size is None:
             check_one_size(self.folders)
         self.discover(self.folders["train"])
         if self.hparams.predict_path is not None:  # a folder without images is refused before anything runs
-            self.read_inputs(Path(self.hparams.predict_path))
+            image_files(Path(self.hparams.predict_path))
 
     def datasets(self) -> dict[str, Dataset]:
         return self.folders
 
     def read_inputs(self, path: Path) -> tuple[Dataset, list[str]]:
-        """Every image file under ``path`` (a folder, searched recursively, or one image), in path order."""
-        from torchvision.datasets.folder import IMG_EXTENSIONS
+        """Every image file under ``path`` (a folder, searched recursively, or one image) that can be read, in path
+        order; the others in ``unreadable_inputs``, with the reason."""
+        files = image_files(path)
+        problems = unreadable_images([str(file) for file in files], decode=True)
+        self.unreadable_inputs = list(problems.items())
+        readable = [file for file in files if str(file) not in problems]
+        return ImageFiles(readable, self.mode), [str(file) for file in readable]
 
-        files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.suffix.lower() in IMG_EXTENSIONS)
-        if not files:
-            raise ValueError(f"predict_path {path} holds no image ({', '.join(IMG_EXTENSIONS)})")
-        return ImageFiles(files, self.mode), [str(file) for file in files]
+
+def image_files(path: Path) -> list[Path]:
+    from torchvision.datasets.folder import IMG_EXTENSIONS
+
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.suffix.lower() in IMG_EXTENSIONS)
+    if not files:
+        raise ValueError(f"predict_path {path} holds no image ({', '.join(IMG_EXTENSIONS)})")
+    return files
+
+
+def unreadable_images(paths: list[str], decode: bool) -> dict[str, str]:
+    """The PATHS that cannot be read, with why: each file decoded (DECODE), or its header and a PNG's chunk checksums
+    checked (``verify``: about half a decode's time, and no pixels kept)."""
+    from PIL import Image, UnidentifiedImageError
+
+    problems = {}
+    for path in paths:
+        try:
+            with Image.open(path) as image:
+                image.load() if decode else image.verify()
+        except UnidentifiedImageError:
+            problems[path] = "not an image PIL can read"
+        except (OSError, SyntaxError, ValueError) as error:  # verify raises SyntaxError for a broken PNG chunk
+            problems[path] = first_line(error) or type(error).__name__
+    return problems
+
+
+def leave_out(folders: dict[str, Dataset], problems: dict[str, str]) -> None:
+    """Drops the images in PROBLEMS from each ``ImageFolder`` (its samples, and their alias and targets)."""
+    if not problems:
+        return
+    for folder in folders.values():
+        folder.samples = [sample for sample in folder.samples if sample[0] not in problems]
+        folder.imgs, folder.targets = folder.samples, [target for _, target in folder.samples]
 
 
 class ImageFiles(Dataset):

@@ -11,6 +11,7 @@ checkpoint loads on another number of ranks (DCP reshards), in a plain DDP or on
 """
 
 import contextlib
+import errno
 import os
 import pickle
 import random
@@ -30,6 +31,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
 from lightning_utilities.core.apply_func import apply_to_collection
 
+from project.exit_codes import is_disk_full
 from project.messages import first_line
 
 METADATA_FILE = "meta.pt"  # beside a sharded checkpoint's shards: what is not a tensor shard (Lightning's name)
@@ -37,6 +39,51 @@ METADATA_FILE = "meta.pt"  # beside a sharded checkpoint's shards: what is not a
 
 class CheckpointError(ValueError):
     """A checkpoint file that is missing, unreadable, or holds more than weights."""
+
+
+class DiskFullError(OSError):
+    """A checkpoint that did not fit on its disk (torch says only ``unexpected pos``): where, the space left, and the
+    newest checkpoint beside it that is intact."""
+
+    def __init__(self, path: Path, needed: int) -> None:
+        intact = newest_intact_checkpoint(path.parent)
+        super().__init__(
+            errno.ENOSPC,
+            f"disk full while saving {path}: {human_size(shutil.disk_usage(path.parent).free)} left on its file"
+            f" system, the checkpoint needs about {human_size(needed)}; the newest intact checkpoint is"
+            f" {intact or 'none (nothing saved yet)'}",
+        )
+
+    def __str__(self) -> str:
+        return self.strerror
+
+
+def human_size(size: float) -> str:
+    for unit in ("bytes", "KB", "MB", "GB"):
+        if size < 1024 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "bytes" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+def tensor_bytes(checkpoint: dict[str, Any]) -> int:
+    sizes: list[int] = []
+    apply_to_collection(checkpoint, torch.Tensor, lambda tensor: sizes.append(tensor.nbytes))
+    return sum(sizes)
+
+
+def newest_intact_checkpoint(folder: Path, besides: Path | None = None) -> Path | None:
+    """The newest ``*.ckpt`` file in FOLDER (other than BESIDES) that loads: what to resume from when the one meant
+    is cut short."""
+    candidates = sorted(folder.glob("*.ckpt"), key=lambda path: path.stat().st_mtime, reverse=True)
+    for path in candidates:
+        if path.is_file() and path != besides:
+            try:
+                load_checkpoint_file(path, mmap=True)
+            except CheckpointError:
+                continue
+            return path
+    return None
 
 
 def is_sharded(path: str | Path) -> bool:
@@ -54,7 +101,13 @@ def check_checkpoint(path: str | Path) -> dict[str, tuple[int, ...]]:
         tensors = FileSystemReader(path).read_metadata().state_dict_metadata
         prefix = "state_dict."
         return {key[len(prefix) :]: tuple(meta.size) for key, meta in tensors.items() if key.startswith(prefix)}
-    state_dict = load_checkpoint_file(path, mmap=True).get("state_dict", {})  # mmap: the structure, not every tensor
+    try:
+        state_dict = load_checkpoint_file(path, mmap=True).get("state_dict", {})  # mmap: the structure, not the tensors
+    except CheckpointError as error:
+        intact = newest_intact_checkpoint(path.parent, besides=path) if path.is_file() else None
+        if intact is None:
+            raise
+        raise CheckpointError(f"{error}; the newest intact checkpoint beside it: --ckpt_path {intact}") from error
     return {key: tuple(value.shape) for key, value in state_dict.items()}
 
 
@@ -178,8 +231,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 file.flush()
                 os.fsync(file.fileno())
             os.replace(partial, path)
-        except BaseException:
+        except BaseException as error:
             partial.unlink(missing_ok=True)
+            if is_disk_full(error):
+                raise DiskFullError(path, tensor_bytes(checkpoint)) from error
             raise
 
     def load_checkpoint(self, path: Any, map_location: Any | None = None, weights_only: bool | None = None) -> dict:

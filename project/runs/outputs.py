@@ -48,7 +48,9 @@ class TestMetricsWriter(Callback):
 class PredictionsWriter(Callback):
     """Writes ``predict``'s outputs to ``<log_dir>/predictions.csv``: per input, a row of ``input`` (its index in the
     test split, or with ``data.predict_path`` the file's path or the table's row number), ``prediction`` (the class's
-    name where the data has names, else its index) and one ``probability_<class>`` column per class.
+    name where the data has names, else its index) and one ``probability_<class>`` column per class; where an input
+    of ``predict_path`` could not be read (the data module's ``unreadable_inputs``), a row for it at the end with the
+    reason in an ``error`` column.
 
     Each rank predicts its own shard; the shards are gathered once and put back in data set order using the shard's
     sampler indices (the data module's ``predict_sampler``). Not a ``BasePredictionWriter``: Lightning then looks for
@@ -78,12 +80,19 @@ class PredictionsWriter(Callback):
         names = getattr(trainer.datamodule, "predict_names", None)
         width = len(rows[0][1]) if rows else 0
         classes = getattr(trainer.datamodule, "classes", None) or [str(index) for index in range(width)]
+        unreadable = getattr(trainer.datamodule, "unreadable_inputs", [])
         path = Path(log_dir) / self.filename
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("w", newline="") as file:
             writer = csv.writer(file)
-            writer.writerow(["input", "prediction", *(f"probability_{name}" for name in classes)])
+            columns = ["input", "prediction", *(f"probability_{name}" for name in classes)]
+            error = [""] if unreadable else []  # the error column, only where an input could not be read
+            writer.writerow(columns + (["error"] if unreadable else []))
             for index, probabilities in rows:
                 best = max(range(len(probabilities)), key=probabilities.__getitem__)
-                writer.writerow([names[index] if names else index, classes[best], *(f"{p:.6g}" for p in probabilities)])
-        print(f"{len(rows)} predictions written to {path}")
+                row = [names[index] if names else index, classes[best], *(f"{p:.6g}" for p in probabilities)]
+                writer.writerow(row + error)
+            for name, reason in unreadable:  # a row each, with why: the file names every input given
+                writer.writerow([name, *[""] * (len(columns) - 1), reason])
+        skipped = f"; {len(unreadable)} inputs could not be read (rows with an error)" if unreadable else ""
+        print(f"{len(rows)} predictions written to {path}{skipped}")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from lightning.pytorch.utilities import rank_zero_only
 
-from project.exit_codes import FINAL_EXIT_CODES, INTERRUPTED_EXIT_CODE, REFUSED_EXIT_CODE
+from project.exit_codes import DISK_FULL_EXIT_CODE, FINAL_EXIT_CODES, INTERRUPTED_EXIT_CODE, REFUSED_EXIT_CODE
 from project.messages import first_line, report
 
 EXIT_FILE_VAR = "PROJECT_EXIT_FILE"
@@ -40,7 +40,11 @@ def record_outcome(code: int, cause: str) -> None:
 def record_exit(error: SystemExit) -> None:
     """A rank that ends with a final exit code (a refusal, or a stop after preemption) records it."""
     if error.code in FINAL_EXIT_CODES:
-        what = {REFUSED_EXIT_CODE: "refused", INTERRUPTED_EXIT_CODE: "interrupted (Ctrl-C)"}
+        what = {
+            REFUSED_EXIT_CODE: "refused",
+            INTERRUPTED_EXIT_CODE: "interrupted (Ctrl-C)",
+            DISK_FULL_EXIT_CODE: "disk full",
+        }
         record_outcome(int(error.code), what.get(error.code, "preempted, saved"))
 
 

@@ -22,8 +22,9 @@ import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
 
 from project import lightning_internals as internals
-from project.exit_codes import exit_code_for
+from project.exit_codes import exit_code_for, is_disk_full
 from project.messages import first_line, report
+from project.runs.folders import resume_command
 from project.runs.restarts import record_outcome
 from project.runtime.rendezvous import StartupFailed
 from project.runtime.strategy import process_group_timeout
@@ -79,6 +80,8 @@ class FailFast(Callback):
         """Reports the failure and stops the launched ranks; returns the cause in one line (the hung rank, if any)."""
         where = f"rank {trainer.global_rank}/{trainer.world_size} failed at step {trainer.global_step}"
         cause = f"{where}: {type(exception).__name__}: {first_line(exception)}"
+        if is_disk_full(exception):
+            cause += f"; once space is freed, resume with: {resume_command(sys.argv)}"
         report(cause)
         if isinstance(exception, torch.distributed.DistError):
             report(f"rank {trainer.global_rank}: {DIST_HINT}")
