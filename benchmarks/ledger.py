@@ -5,12 +5,13 @@ switching it alone off (or on), on 1 and 2 processes.
 
 On the digits MLP with in-memory batches and one thread per process (benchmarks/overhead.py's ``cpu-in-memory-*``
 rows, whose template flags it takes: no logger, progress bar, scheduler or checkpoint files), every process runs, in
-one process group and alternately, round after round (each round in another order): ``bare`` (bare Lightning, benchmarks/bare_lightning.py),
-``peer`` (the peer pattern, benchmarks/peer_pattern.py), ``template`` (the Trainer, module, data and callbacks
-``python -m project fit`` builds), and the template with one part switched off (``-``: removed, or its per-step hook
-made a no-op) or on (``+``: a default the benchmark's template leaves off). A side's figure is its fit's mean time
-per step after the warm-up (epoch ends included), median over the rounds; a part's is the median over the rounds of
-its fit's difference from the template's fit of the same round (removing it: the template's minus the variant's).
+one process group and alternately, round after round (each round in another order): ``bare`` (bare Lightning,
+benchmarks/bare_lightning.py), ``peer`` (the peer pattern, benchmarks/peer_pattern.py), ``template`` (the Trainer,
+module, data and callbacks ``python -m project fit`` builds), and the template with one part switched off (removed,
+or its per-step hook made a no-op) or on (``+``: a default the benchmark's template leaves off). A side's figure is
+its fit's mean time per step after the warm-up (epoch ends included), median over the rounds; a part's is the median
+over the rounds of its fit's difference from the template's fit of the same round (removing it: the template's minus
+the variant's).
 """
 
 import argparse
@@ -95,7 +96,7 @@ PARTS = (
     Part("Throughput", True, change=drop(Throughput)),
     Part("ResumeState", True, change=drop(ResumeState)),
     Part("PreemptionCheck, its step check", True, change=quiet_preemption_check),
-    Part("PreemptionCheck, whole (Lightning's per-step SIGTERM broadcast when gone)", True, change=drop(PreemptionCheck)),
+    Part("PreemptionCheck, whole (without it: Lightning's SIGTERM broadcast)", True, change=drop(PreemptionCheck)),
     Part("ModelCheckpoint (saving nothing)", True, change=drop(ModelCheckpoint)),
     Part("training metrics (torchmetrics)", True, change=no_training_metrics),
     Part("+ scheduler (WarmupCosineLR, per step)", False, flags={"model.scheduler": None}),
@@ -140,7 +141,7 @@ def work(args: argparse.Namespace) -> None:
         turn = round_ * len(names) // args.rounds  # each round starts elsewhere: no fit always follows the same one
         for name in names[turn:] + names[:turn]:
             gc.collect()  # the previous fits' garbage is not collected inside this one's steps
-            times[name].append(fit(name, args.nprocs, args.steps, Path(args.workdir) / f"{round_}-{name}"))
+            times[name].append(fit(name, args.nprocs, args.steps, Path(args.workdir) / f"{round_}-{names.index(name)}"))
     if os.environ["RANK"] == "0":
         Path(args.output).write_text(json.dumps(times))
 
@@ -172,7 +173,8 @@ def summary(times: dict[str, list[float]]) -> dict[str, float]:
     found = {side: statistics.median(times[side]) * 1e6 for side in SIDES}
     for part in PARTS:
         pairs = zip(times["template"], times[part.name], strict=True)
-        found[part.name] = statistics.median((ours - other if part.off else other - ours) * 1e6 for ours, other in pairs)
+        differences = ((ours - other if part.off else other - ours) * 1e6 for ours, other in pairs)
+        found[part.name] = statistics.median(differences)
     return found
 
 
