@@ -9,9 +9,9 @@ one process group and alternately, round after round (each round in another orde
 benchmarks/bare_lightning.py), ``peer`` (the peer pattern, benchmarks/peer_pattern.py), ``template`` (the Trainer,
 module, data and callbacks ``python -m project fit`` builds), and the template with one part switched off (removed,
 or its per-step hook made a no-op) or on (``+``: a default the benchmark's template leaves off). A side's figure is
-its fit's mean time per step after the warm-up (epoch ends included), median over the rounds; a part's is the median
-over the rounds of its fit's difference from the template's fit of the same round (removing it: the template's minus
-the variant's).
+its fit's time per step after the warm-up (``StepWindow``: epoch ends included), median over the rounds; a part's is
+the median over the rounds of its fit's difference from the template's fit of the same round (removing it: the
+template's minus the variant's).
 """
 
 import argparse
@@ -47,18 +47,24 @@ MARKERS = ("<!-- ledger: start -->", "<!-- ledger: end -->")  # docs/performance
 
 
 class StepWindow(Callback):
-    """The mean time per step from the warm-up's end to the last step's end."""
+    """A robust time per step after the warm-up, epoch ends included: the median interval between two steps' starts
+    inside an epoch, plus the median extra of an interval spanning an epoch's end spread over the epoch's steps
+    (medians: a shared machine's one-off stalls do not count, as a mean's would)."""
 
     def __init__(self) -> None:
-        self.start = self.seconds_per_step = 0.0
+        self.starts: list[tuple[float, bool]] = []  # (time, whether the step is an epoch's first)
+        self.seconds_per_step = 0.0
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: object, batch_idx: int) -> None:
-        if trainer.global_step == WARM_UP_STEPS:
-            self.start = time.perf_counter()
+        if trainer.global_step >= WARM_UP_STEPS:
+            self.starts.append((time.perf_counter(), batch_idx == 0))
 
-    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: object) -> None:
-        if trainer.global_step == trainer.max_steps:
-            self.seconds_per_step = (time.perf_counter() - self.start) / (trainer.max_steps - WARM_UP_STEPS)
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        pairs = zip(self.starts, self.starts[1:], strict=False)
+        intervals = [(end - start, first) for (start, _), (end, first) in pairs]
+        within = statistics.median(seconds for seconds, first in intervals if not first)
+        across = statistics.median(seconds for seconds, first in intervals if first)
+        self.seconds_per_step = within + (across - within) / trainer.num_training_batches
 
 
 def drop(kind: type) -> Callable[[ProjectCLI], None]:
@@ -115,7 +121,7 @@ def template_flags(nprocs: int, steps: int, workdir: Path) -> dict[str, str]:
 
 
 def fit(name: str, nprocs: int, steps: int, workdir: Path) -> float:
-    """One fit of side or part NAME; its mean seconds per step after the warm-up."""
+    """One fit of side or part NAME; its seconds per step after the warm-up (``StepWindow``)."""
     window = StepWindow()
     if name in ("bare", "peer"):
         args = plain_args(["--steps", str(steps), "--pipeline", "in-memory"])
