@@ -36,6 +36,7 @@ from benchmarks.overhead import REPO, RUN_TIMEOUT_S, Config, child_env, launches
 from benchmarks.peer_pattern import PeerModule
 from benchmarks.plain_ddp import parse_args as plain_args
 from project.cli import ProjectCLI, build_cli
+from project.runs.outputs import PredictionsWriter, TestMetricsWriter
 from project.runs.resume_state import ResumeState
 from project.runtime.faults import FailFast
 from project.runtime.nan_guard import NaNGuard
@@ -67,7 +68,7 @@ class StepWindow(Callback):
         self.seconds_per_step = within + (across - within) / trainer.num_training_batches
 
 
-def drop(kind: type) -> Callable[[ProjectCLI], None]:
+def drop(kind: type | tuple[type, ...]) -> Callable[[ProjectCLI], None]:
     def change(cli: ProjectCLI) -> None:
         cli.trainer.callbacks[:] = [callback for callback in cli.trainer.callbacks if not isinstance(callback, kind)]
 
@@ -130,6 +131,7 @@ def fit(name: str, nprocs: int, steps: int, workdir: Path) -> float:
     part = next((part for part in PARTS if part.name == name), Part("template", True))
     flags = {**template_flags(nprocs, steps, workdir), **part.flags}
     cli = build_cli([f"--{key}={value}" for key, value in flags.items() if value is not None], run=False)
+    drop((TestMetricsWriter, PredictionsWriter))(cli)  # built for run=False's every subcommand: not a fit's
     if part.change:
         part.change(cli)
     cli.trainer.callbacks.append(window)
