@@ -48,8 +48,10 @@ class FileData(LightningDataModule):
         return file_loader(self.args, self.trainer.world_size, self.trainer.global_rank)[0]
 
 
-def fit(args: argparse.Namespace, nprocs: int, callbacks: list[Callback]) -> Trainer:
-    """Trains plain_ddp.py's network on its data (ARGS: its command line) with a bare Trainer."""
+def fit(
+    args: argparse.Namespace, nprocs: int, callbacks: list[Callback], module_class: type[BareModule] = BareModule
+) -> Trainer:
+    """Trains plain_ddp.py's network on its data (ARGS: its command line) with a bare Trainer and MODULE_CLASS."""
     seed_everything(args.seed, verbose=False)
     data, network = build(args)
     if args.pipeline in FILE_PIPELINES:
@@ -68,7 +70,7 @@ def fit(args: argparse.Namespace, nprocs: int, callbacks: list[Callback]) -> Tra
         use_distributed_sampler=False,  # the data module's DistributedSampler, as on the other sides
         callbacks=callbacks,
     )
-    trainer.fit(BareModule(network), datamodule=data)
+    trainer.fit(module_class(network), datamodule=data)
     return trainer
 
 

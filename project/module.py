@@ -8,10 +8,11 @@ so ranks with uneven evaluation shards never wait on each other.
 from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
+import torch.distributed as dist
 from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor, nn
-from torchmetrics import MeanMetric, MetricCollection
+from torchmetrics import MeanMetric, Metric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
 from project.schedules import WarmupCosineLR
@@ -25,6 +26,12 @@ def stage_metrics(num_classes: int) -> MetricCollection:
     per step (``validate_args=False``: the label checks would). ``{stage}_loss`` is the module's own, below."""
     # average="micro" is plain accuracy; torchmetrics' default ("macro") is the per-class mean.
     return MetricCollection({"acc": MulticlassAccuracy(num_classes, average="micro", validate_args=False)})
+
+
+def several_processes() -> bool:
+    """Whether a metric's states are summed across processes at compute: not in a process group of one (the template's
+    one-process run), where torchmetrics would still gather each state (a collective each, every epoch)."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 @runtime_checkable
@@ -83,6 +90,9 @@ class ClassificationModule(LightningModule):
         # drops `weight` (torchmetrics 1.9), so each sample counts through its own value.
         self.losses = nn.ModuleDict({f"{stage}_loss": MeanMetric(nan_strategy="disable") for stage in STAGES})
         self.window_losses: list[Tensor] = []  # the training losses since the loss curve's last point
+        for metric in self.modules():
+            if isinstance(metric, Metric):  # torchmetrics' constructor argument, for every metric stage_metrics lists
+                metric.distributed_available_fn = several_processes
 
     def configure_model(self) -> None:
         """The speed switches and, under FSDP2 (configs/fsdp.yaml), the network's sharding by the strategy's policy:

@@ -181,3 +181,17 @@ def test_the_loader_resumes_at_the_saved_batch_and_a_finished_epoch_starts_over(
     finished = _loader()
     finished.load_state_dict({"batches_done": len(finished)})
     assert len(list(finished)) == 4
+
+
+@pytest.mark.slow
+def test_with_two_processes_the_periodic_checkpoint_comes_at_the_preemption_checks_exchange(tmp_path):
+    """Rank 0's clock rides on the signal flags' exchange every preemption.check_every_n_steps (7), not on a
+    broadcast of its own every periodic.check_every_n_steps (5): a run failing at step 16 has step 14's last.ckpt."""
+    periodic = ("--periodic.every", "0:00:00", "--periodic.check_every_n_steps", "5")
+    fail_at_16 = ("--trainer.callbacks+=fault_injection.FailAt", "--trainer.callbacks.step", "16")
+    flags = ("--trainer.devices", "2", "--preemption.check_every_n_steps", "7", *periodic, *fail_at_16)
+    failed = run_project(
+        "fit", *quick_args(tmp_path, *flags), cwd=REPO, env=project_env(PYTHONPATH=str(REPO / "tests"))
+    )
+    assert failed.returncode != 0 and "injected failure on rank 0 at step 16" in failed.stderr
+    assert torch.load(last_checkpoint(tmp_path), weights_only=True)["global_step"] == 14

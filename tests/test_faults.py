@@ -316,12 +316,14 @@ def test_a_fit_in_this_process_hands_ctrl_c_back_as_it_found_it_after_finishing_
 
 
 @pytest.mark.slow
-def test_training_makes_no_per_step_collective(tmp_path):
+@pytest.mark.parametrize("periodic", [(), ("--periodic.every", "1:00:00")], ids=["default", "periodic-checkpoint"])
+def test_training_makes_no_per_step_collective(tmp_path, periodic):
     """Counted in each rank: the SIGTERM flags' all-reduce every 50 steps, nothing else (Lightning 2.6 alone makes
-    one broadcast per step). 100 steps of batch 4 stay inside the first epoch (158 steps)."""
+    one broadcast per step; the periodic checkpoint's clock rides on the same all-reduce). 100 steps of batch 4 stay
+    inside the first epoch (158 steps)."""
     counter = ("--trainer.callbacks+=fault_injection.CountCollectives", "--trainer.callbacks.output_dir", str(tmp_path))
     steps = ("--trainer.max_steps", "101", "--data.init_args.batch_size", "4")
-    result, _ = fit(tmp_path / "run", *steps, *counter)
+    result, _ = fit(tmp_path / "run", *steps, *counter, *periodic)
     assert result.returncode == 0, result.stderr[-3000:]
     for rank in (0, 1):
         record = json.loads((tmp_path / f"rank{rank}.json").read_text())

@@ -41,7 +41,7 @@ import sys
 import threading
 import time
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -56,7 +56,11 @@ from project.runtime.faults import Stopped, finish_pending_save, report
 from project.runtime.requeue_signal import EarlyRequeueSignal
 from project.runtime.strategy import process_group_timeout
 
+if TYPE_CHECKING:
+    from project.runtime.periodic_checkpoint import PeriodicCheckpoint
+
 SIGTERM_FLAG, REQUEUE_FLAG, INTERRUPT_FLAG = 1, 2, 4  # a rank's flags, summed across ranks: each writes its own slot
+PERIODIC_FLAG = 8  # rank 0's: a periodic checkpoint is due (periodic_checkpoint.py), told in the same exchange
 # How long rank 0 waits for the ranks it launched to exit after a stop (they only tear down), before killing them.
 LAUNCHED_RANKS_EXIT_S = 30.0
 
@@ -98,6 +102,7 @@ class PreemptionCheck(Callback):
         self._group: dist.ProcessGroup | None = None
         self._launched: list[subprocess.Popen] = []  # taken out of Lightning's watch by a stop
         self._pid, self._announce, self._previous_sigint = 0, False, None
+        self.periodic: PeriodicCheckpoint | None = None  # registers itself: its clock is read at this check's exchanges
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage == "fit":
@@ -181,17 +186,22 @@ class PreemptionCheck(Callback):
             report(f"resume from {last} with: {resume_instructions(trainer)}")
 
     def after_step(self, trainer: Trainer) -> None:
-        """After each training step: on a check step, stop every rank if any rank was signalled."""
+        """After each training step: on a check step, stop every rank if any rank was signalled, else save the
+        periodic checkpoint if rank 0's clock says it is due."""
         self._steps += 1
         if self._group is None:  # one process: nothing to agree on, so every step
             if self.signalled:
                 self._stop(trainer, [self.signalled])
         elif self._steps % self.check_every_n_steps == 0:
+            due = self.periodic is not None and trainer.is_global_zero and self.periodic.due()
             flags = torch.zeros(trainer.world_size, dtype=torch.int32)
-            flags[trainer.global_rank] = self.signalled
+            flags[trainer.global_rank] = self.signalled | (PERIODIC_FLAG if due else 0)
             dist.all_reduce(flags, group=self._group)
-            if flags.any():
-                self._stop(trainer, flags.tolist())
+            stops = [flag & ~PERIODIC_FLAG for flag in flags.tolist()]
+            if any(stops):  # the stop saves last.ckpt
+                self._stop(trainer, stops)
+            elif self.periodic is not None and flags[0] & PERIODIC_FLAG:
+                self.periodic.save(trainer)
 
     def _stop(self, trainer: Trainer, flags: list[int]) -> None:
         self._launched = detach_launched_ranks(trainer)

@@ -1,0 +1,31 @@
+"""benchmarks/ledger.py's arithmetic, without running it: a part's figure is the median of its fits' differences from
+the template's fit of the same round, signed as what the part costs; the table goes between the markers."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ is not installed
+from benchmarks import ledger  # noqa: E402
+
+
+def test_a_part_costs_the_median_of_its_differences_from_the_same_rounds_template():
+    template = [1.0e-3, 2.0e-3, 1.1e-3]  # the second round was slow for every fit: paired, it cancels
+    times = {"bare": [0.9e-3, 1.9e-3, 0.8e-3], "peer": [3e-3, 3e-3, 3e-3], "template": template}
+    for part in ledger.PARTS:  # switched off it saves 20 µs; switched on it costs 30 µs
+        times[part.name] = [seconds - 20e-6 if part.off else seconds + 30e-6 for seconds in template]
+    found = ledger.summary(times)
+    assert found["template"] == pytest.approx(1100) and found["bare"] == pytest.approx(900)
+    for part in ledger.PARTS:
+        assert found[part.name] == pytest.approx(20 if part.off else 30), part.name
+    table = ledger.table({1: found}, "python -m benchmarks.ledger")
+    assert "| template / bare, steps/s | 0.82 |" in table
+
+
+def test_the_table_replaces_what_stands_between_the_markers(tmp_path):
+    doc = tmp_path / "performance.md"
+    start, end = ledger.MARKERS
+    doc.write_text(f"before\n{start}\nold table\n{end}\nafter\n")
+    ledger.write_into(doc, "new table")
+    assert doc.read_text() == f"before\n{start}\nnew table\n{end}\nafter\n"
