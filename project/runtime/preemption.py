@@ -41,7 +41,7 @@ import sys
 import threading
 import time
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -56,11 +56,18 @@ from project.runtime.faults import Stopped, finish_pending_save, report
 from project.runtime.requeue_signal import EarlyRequeueSignal
 from project.runtime.strategy import process_group_timeout
 
-if TYPE_CHECKING:
-    from project.runtime.periodic_checkpoint import PeriodicCheckpoint
-
 SIGTERM_FLAG, REQUEUE_FLAG, INTERRUPT_FLAG = 1, 2, 4  # a rank's flags, summed across ranks: each writes its own slot
 PERIODIC_FLAG = 8  # rank 0's: a periodic checkpoint is due (periodic_checkpoint.py), told in the same exchange
+
+
+class PeriodicSave(Protocol):
+    """What this check asks of the periodic checkpoint (periodic_checkpoint.py, which imports this module)."""
+
+    def due(self) -> bool: ...
+
+    def save(self, trainer: Trainer) -> None: ...
+
+
 # How long rank 0 waits for the ranks it launched to exit after a stop (they only tear down), before killing them.
 LAUNCHED_RANKS_EXIT_S = 30.0
 
@@ -102,7 +109,7 @@ class PreemptionCheck(Callback):
         self._group: dist.ProcessGroup | None = None
         self._launched: list[subprocess.Popen] = []  # taken out of Lightning's watch by a stop
         self._pid, self._announce, self._previous_sigint = 0, False, None
-        self.periodic: PeriodicCheckpoint | None = None  # registers itself: its clock is read at this check's exchanges
+        self.periodic: PeriodicSave | None = None  # registers itself: its clock is read at this check's exchanges
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage == "fit":
