@@ -3,15 +3,15 @@ switching it alone off (or on), on 1 and 2 processes.
 
     python -m benchmarks.ledger --nprocs 1 2 --steps 400 --rounds 5 --write docs/performance.md
 
-On the digits MLP with in-memory batches and one thread per process (benchmarks/overhead.py's ``cpu-in-memory-*``
-rows, whose template flags it takes: no logger, progress bar, scheduler or checkpoint files), every process runs, in
-one process group and alternately, round after round (each round in another order): ``bare`` (bare Lightning,
-benchmarks/bare_lightning.py), ``peer`` (the peer pattern, benchmarks/peer_pattern.py), ``template`` (the Trainer,
-module, data and callbacks ``python -m project fit`` builds), and the template with one part switched off (removed,
-or its per-step hook made a no-op) or on (``+``: a default the benchmark's template leaves off). A side's figure is
-its fit's time per step after the warm-up (``StepWindow``: epoch ends included), median over the rounds; a part's is
-the median over the rounds of its fit's difference from the template's fit of the same round (removing it: the
-template's minus the variant's).
+On the digits MLP with in-memory batches and one thread per process (benchmarks/overhead.py's
+``cpu-in-memory-*`` rows, whose template flags it takes: no logger, progress bar, scheduler or checkpoint
+files), every process runs, in one process group and alternately, round after round (each round in another
+order): ``bare`` (bare Lightning, benchmarks/bare_lightning.py), ``peer`` (the peer pattern,
+benchmarks/peer_pattern.py), ``template`` (the Trainer, module, data and callbacks ``python -m project fit``
+builds), and the template with one part switched off (removed, or its per-step hook made a no-op) or on (``+``:
+a default the benchmark's template leaves off). A side's figure is its fit's time per step after the warm-up
+(``StepWindow``: epoch ends included), median over the rounds; a part's is the median over the rounds of its
+fit's difference from the template's fit of the same round (removing it: the template's minus the variant's).
 """
 
 import argparse

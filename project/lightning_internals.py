@@ -239,7 +239,11 @@ def take_over_signals(
 def launched_processes(trainer: Trainer) -> list | None:
     """The local ranks Lightning's launcher (or ours) started from this process, as a live list; None when they were
     started by something else (torchrun, SLURM, a test)."""
-    launcher = trainer.strategy.launcher
+    return processes_of(trainer.strategy.launcher)
+
+
+def processes_of(launcher: Any) -> list | None:
+    """LAUNCHER's live list of the local ranks it started (what its watcher thread watches); None as above."""
     return launcher.procs if _SubprocessScriptLauncher and isinstance(launcher, _SubprocessScriptLauncher) else None
 
 

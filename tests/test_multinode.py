@@ -107,9 +107,8 @@ def assert_world_of_two(outputs: list[str], hosts: Hosts) -> None:
     for rank, output in enumerate(outputs):
         assert f"Initializing distributed: GLOBAL_RANK: {rank}, MEMBER: {rank + 1}/2" in output
         host = hosts[rank]
-        assert (
-            f"[project] network: {host.interface} ({host.address}), the interface on the route to MASTER_ADDR" in output
-        )
+        route = "the interface on the route to MASTER_ADDR"
+        assert f"[project] network: {host.interface} ({host.address}), {route}" in output
 
 
 def assert_trained_at_world_size_two(run_dir: Path) -> None:

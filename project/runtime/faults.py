@@ -71,7 +71,7 @@ class FailFast(Callback):
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         if isinstance(exception, (Stopped, KeyboardInterrupt)):  # not a failure: PreemptionCheck ends the run
             self.heartbeat.stop()
-        elif isinstance(exception, StartupFailed):  # the ranks never met: reported, nothing launched yet to stop
+        elif isinstance(exception, StartupFailed):  # the ranks never met: reported, and stopped by DDPStrategy
             return
         else:
             record_outcome(exit_code_for(exception), self.report_failure(trainer, exception))

@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -42,6 +43,7 @@ UNREACHED = CRASHED_EXIT_CODE
 POLL_S = 0.1
 LINGER_S = 5.0
 PROBE_S = 5.0  # a data connection that has not opened in this long is dropped on the way
+NOTICE_S = 2.0  # rank 0 says whom it waits for once the others are this late
 # The store's key space for the process group, apart from the start-up's.
 PROCESS_GROUP_KEYS = "project/process_group"
 NODE_LOCAL_KEYS = (
@@ -113,7 +115,7 @@ def meet(address: str, port: int, member: Member, timeout: timedelta) -> dist.St
         store = _serve(ip if _is_local(ip) else "127.0.0.1", port, member.world, timeout)
     else:
         _reach(address, ip, port, deadline, member)
-        store = dist.TCPStore(address, port, member.world, is_master=False, timeout=_left(deadline))
+        store = _connect(address, port, member.world, deadline)
     try:
         check_members(store, member, deadline, f"{address}:{port}")
     except StartupFailed as error:
@@ -241,6 +243,31 @@ def _reach(address: str, ip: str, port: int, deadline: float, member: Member) ->
     raise StartupFailed(_unreached(address, ip, port, last, member, deadline), UNREACHED)
 
 
+def _connect(address: str, port: int, world: int, deadline: float) -> dist.Store:
+    """The store's client, built on a thread: torch's waits for the store's handshake with no timeout, forever when
+    another program holds the port."""
+    built: list[dist.Store | BaseException] = []
+
+    def build() -> None:
+        try:
+            built.append(dist.TCPStore(address, port, world, is_master=False, timeout=_left(deadline)))
+        except BaseException as error:  # handed to the main thread
+            built.append(error)
+
+    builder = threading.Thread(target=build, name="rendezvous-connect", daemon=True)
+    builder.start()
+    builder.join(max(_left_s(deadline), 1.0))
+    if not built:
+        raise StartupFailed(
+            f"something at MASTER_ADDR {address}, MASTER_PORT {port} accepts connections but never answered as the"
+            " run's rendezvous: another program holds that port on node 0; choose a free port, the same on every node",
+            REFUSED,
+        )
+    if isinstance(built[0], BaseException):
+        raise StartupFailed(f"the rendezvous at {address}:{port} failed: {first_line(built[0])}", UNREACHED)
+    return built[0]
+
+
 def _unreached(address: str, ip: str, port: int, error: OSError | None, member: Member, deadline: float) -> str:
     where = f"MASTER_ADDR {address}" + (f" ({ip})" if ip != address else "") + f", MASTER_PORT {port}"
     code = getattr(error, "errno", None)
@@ -306,23 +333,32 @@ def _arrive(store: dist.Store, member: Member, listener: socket.socket | None) -
 
 
 def _wait_for_all(store: dist.Store, member: Member, deadline: float, where: str) -> None:
+    notice = time.monotonic() + NOTICE_S if member.rank == 0 else float("inf")
     while store.add("arrived", 0) < member.world:
         _raise_if_failed(store)
         if _left_s(deadline) <= 0:
             _missing(store, member, where)
+        if time.monotonic() > notice:  # a node started by hand elsewhere: say what node 0 waits for, once
+            report(f"rendezvous at {where}: waiting for {_absent(store, member)}, up to the start-up timeout")
+            notice = float("inf")
         time.sleep(POLL_S)
     _raise_if_failed(store)
 
 
-def _missing(store: dist.Store, member: Member, where: str) -> None:
+def _absent(store: dist.Store, member: Member) -> str:
+    """The ranks not arrived yet, with their nodes, in words."""
     absent = [rank for rank in range(member.world) if not store.check([f"member/{rank}"])]
     nodes = sorted({rank // member.per_node for rank in absent})
     listed = ", ".join(map(str, absent[:8])) + (" ..." if len(absent) > 8 else "")
     node_words = "node rank " + ", ".join(map(str, nodes)) if len(nodes) < 9 else f"{len(nodes)} nodes"
+    return f"{node_words} (rank {listed} of {member.world} missing)"
+
+
+def _missing(store: dist.Store, member: Member, where: str) -> None:
     message = (
-        f"{node_words} never joined the rendezvous at {where} within the start-up timeout (rank {listed} of"
-        f" {member.world} missing): start the same command there with its NODE_RANK, the same MASTER_ADDR and"
-        f" MASTER_PORT, and num_nodes x devices = {member.world}"
+        f"{_absent(store, member)} never joined the rendezvous at {where} within the start-up timeout: start the"
+        f" same command there with its NODE_RANK, the same MASTER_ADDR and MASTER_PORT, and num_nodes x devices ="
+        f" {member.world}"
     )
     raise StartupFailed(message, UNREACHED)
 

@@ -7,8 +7,12 @@ every step when alone, which slows a small CPU step markedly (docs/performance.m
 group of one), so everything that expects one works the same whatever the world size.
 """
 
+import contextlib
 import logging
 import os
+import subprocess
+import time
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -17,6 +21,7 @@ import torch.distributed as dist
 from lightning.pytorch import strategies
 from torch.distributed.constants import default_pg_timeout
 
+from project import lightning_internals as internals
 from project.messages import report
 from project.runs.checkpointing import is_sharded, load_sharded_as_full
 from project.runtime import rendezvous
@@ -61,8 +66,32 @@ class DDPStrategy(strategies.DDPStrategy):
         ready. One process: Lightning's setup as it is."""
         self.set_world_ranks()
         if self.world_size > 1:
-            self.join_through(self.meet())
+            with self.launched_ranks_watched_here():
+                store = self.meet()
+            self.join_through(store)
         super().setup_distributed()
+
+    @contextlib.contextmanager
+    def launched_ranks_watched_here(self) -> Iterator[None]:
+        """Start-up with the ranks this process launched out of Lightning's watch, which SIGKILLs this process once one
+        of them exits non-zero: when the ranks cannot meet, they all end, each with the same verdict, and this one
+        reports it. Those still waiting then (on a port another program holds) are stopped."""
+        procs = internals.processes_of(self.launcher) or []
+        launched = list(procs)
+        procs.clear()
+        try:
+            yield
+        except rendezvous.StartupFailed:
+            deadline = time.monotonic() + rendezvous.LINGER_S
+            for proc in launched:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(max(deadline - time.monotonic(), 0))
+                proc.kill()
+            raise
+        except BaseException:
+            procs.extend(launched)
+            raise
+        procs.extend(launched)
 
     def meet(self) -> dist.Store:
         environment = self.cluster_environment
