@@ -93,9 +93,9 @@ def test_missing_or_unreachable_peers_fail_within_the_timeout():
             args = ("doctor", "--num-nodes", num_nodes, "--timeout", str(timeout))
             runs.append((case, start_python("-m", "project", *args, cwd=REPO, env=env)))
     measured = {  # what each process measured (runtime/rendezvous.py), not a list of guesses
-        "peer missing": "node rank 1 never joined the rendezvous",
+        "peer missing": "node rank 1 (rank 1 of 2 missing) never joined the rendezvous",
         "wrong address or port": "nothing listens at that port (connection refused)",
-        "world size too large": "node rank 2 never joined the rendezvous",
+        "world size too large": "node rank 2 (rank 2 of 3 missing) never joined the rendezvous",
     }
     for case, run in runs:
         result = finish(run, timeout=90)  # a hang fails here

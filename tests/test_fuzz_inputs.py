@@ -2,8 +2,9 @@
 configs, overlays combined. Every outcome is a command line that works or a refusal: exit 2, at most one screen
 (25 lines), no traceback, nothing written.
 
-Fast tier: parse and check only, in-process (``build_cli(run=False)`` parses, runs ``project/checks.py`` and builds
-the Trainer, model and data, as a run would before starting). Slow tier: a few real fits, each its own process.
+Fast tier: parse and check only, in-process (``build_cli(run=False)`` parses, runs ``project/checks.py``
+and builds the Trainer, model and data, as a run would before starting). Slow tier: a few real fits, each its own
+process.
 """
 
 import contextlib

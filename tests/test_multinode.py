@@ -1,7 +1,9 @@
 """Several nodes: two hosts with network stacks of their own (tests/multi_host.py) through each launcher in scripts/,
 trained like one host with the same world size; and SLURM's variables faked."""
 
+import json
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -9,7 +11,15 @@ import pytest
 import torch
 import yaml
 from fake_cluster import SCRIPTS, launcher_env, slurm_allocation
-from helpers import REPO, assert_same_weights, free_port, last_checkpoint, last_weights, quick_args, run_project
+from helpers import (
+    REPO,
+    assert_same_weights,
+    free_port,
+    last_checkpoint,
+    last_weights,
+    quick_args,
+    run_project,
+)
 from lightning.pytorch import Trainer
 from multi_host import Hosts
 
@@ -18,6 +28,10 @@ from project.module import ClassificationModule
 
 EPOCHS = 3
 STEPS_PER_EPOCH = 10  # ceil(1258 training samples / 2 ranks / batch 64): one rank alone would take 20
+FAIL_AT_13_ON_RANK_1 = [  # tests/fault_injection.py
+    "--trainer.callbacks+=fault_injection.FailAt",
+    *("--trainer.callbacks.step", "13", "--trainer.callbacks.rank", "1", "--trainer.callbacks.action", "sigterm"),
+]
 
 
 def fit_args(run_dir: Path, *extra: str) -> list[str]:
@@ -25,15 +39,21 @@ def fit_args(run_dir: Path, *extra: str) -> list[str]:
 
 
 def run_nodes(
-    script: str, nodes: list[tuple[dict, list[str]]], logs: Path, hosts: Hosts | None = None, timeout: float = 300
+    script: str, nodes: list[tuple[dict, list[str]]], logs: Path, hosts: Hosts | None = None, expect: int = 0
 ) -> list[str]:
     """Starts `bash scripts/<script> ARGS` once per (env, args) at the same time, like one per node (node N on host N
-    of HOSTS, else here); returns outputs."""
+    of HOSTS, else here); returns outputs, once every node has exited with EXPECT."""
+    return run_commands([(env, ["bash", str(SCRIPTS / script), *args]) for env, args in nodes], logs, hosts, expect)
+
+
+def run_commands(
+    nodes: list[tuple[dict, list[str]]], logs: Path, hosts: Hosts | None = None, expect: int = 0, timeout: float = 300
+) -> list[str]:
+    """``run_nodes`` for any command line."""
     procs = []
     try:
-        for rank, (env, args) in enumerate(nodes):
+        for rank, (env, cmd) in enumerate(nodes):
             with open(logs / f"node{rank}.log", "w") as log:
-                cmd = ["bash", str(SCRIPTS / script), *args]
                 cmd = hosts[rank].command(cmd) if hosts else cmd
                 procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT))
         deadline = time.monotonic() + timeout
@@ -43,7 +63,7 @@ def run_nodes(
             proc.kill()
     outputs = [(logs / f"node{rank}.log").read_text() for rank in range(len(nodes))]
     for rank, (code, output) in enumerate(zip(codes, outputs, strict=True)):
-        assert code == 0, f"node {rank} exited with {code}:\n{output[-3000:]}"
+        assert code == expect, f"node {rank} exited with {code}:\n{output[-3000:]}"
     return outputs
 
 
@@ -75,10 +95,12 @@ def single_node(tmp_path_factory) -> Path:
     return run_dir / "run"
 
 
-def host_env(hosts: Hosts, rank: int, port: str) -> dict[str, str]:
+def host_env(hosts: Hosts, rank: int, port: str, **extra: str) -> dict[str, str]:
     """Node RANK of two, on host RANK, naming host 0: no interface set, as a new user would start (the template picks
     the one on the route to MASTER_ADDR, not the decoy docker0 nor the loopback address the hostname resolves to)."""
-    env = launcher_env(NUM_NODES="2", DEVICES="1", NODE_RANK=str(rank), MASTER_ADDR=hosts[0].address, MASTER_PORT=port)
+    env = launcher_env(
+        NUM_NODES="2", DEVICES="1", NODE_RANK=str(rank), MASTER_ADDR=hosts[0].address, MASTER_PORT=port, **extra
+    )
     for variable in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
         env.pop(variable, None)
     return env
@@ -132,6 +154,51 @@ def test_two_nodes_by_torchrun(torchrun_nodes, hosts):
     assert_world_of_two(outputs, hosts)
     assert_trained_at_world_size_two(run_dir)
     assert len(list(run_dir.glob("lightning_logs/version_*/config.yaml"))) == 1
+
+
+def on_two_hosts(hosts: Hosts, args: list[str]) -> list[tuple[dict, list[str]]]:
+    """ARGS on nodes 0 and 1, which find tests/fault_injection.py."""
+    port = str(free_port())
+    return [(host_env(hosts, rank, port, PYTHONPATH=str(REPO / "tests")), args) for rank in (0, 1)]
+
+
+@pytest.fixture(scope="module")
+def preempted_nodes(tmp_path_factory, hosts) -> tuple[Path, list[str], list[str]]:
+    """Two hosts sharing one run folder (a cluster's shared filesystem): SIGTERM to node 1's process after step 13,
+    as a scheduler's preemption sends it, then the same command with ``--ckpt_path last`` on both hosts again."""
+    base = tmp_path_factory.mktemp("preempted_nodes")
+    args = fit_args(base / "run")
+    sigterm = [*FAIL_AT_13_ON_RANK_1, "--preemption.check_every_n_steps", "4"]
+    stopped = run_nodes("launch_env.sh", on_two_hosts(hosts, [*args, *sigterm]), base, hosts, expect=143)
+    resumed = run_nodes("launch_env.sh", on_two_hosts(hosts, [*args, "--ckpt_path", "last"]), base, hosts)
+    return base / "run", stopped, resumed
+
+
+@pytest.mark.slow
+def test_sigterm_on_one_host_stops_both_at_one_step_and_resumes_across_hosts_to_the_same_weights(
+    preempted_nodes, env_nodes
+):
+    run_dir, stopped, resumed = preempted_nodes
+    for output in stopped:  # the flags are exchanged every 4 steps: both stop after step 16
+        assert "SIGTERM on rank 1: stopped at step 16" in output, output[-3000:]
+    assert all("Restoring states from the checkpoint path" in output for output in resumed)
+    assert_trained_at_world_size_two(run_dir)
+    assert_same_weights(last_weights(run_dir), last_weights(env_nodes[0][0]))  # as if never stopped
+
+
+@pytest.mark.slow
+def test_test_across_hosts_counts_every_sample_once(preempted_nodes, hosts, tmp_path):
+    """``test`` on 2 hosts: the same metrics as one process (359 test samples: a padding sampler would differ)."""
+    ckpt = last_checkpoint(preempted_nodes[0])
+    port = str(free_port())
+    argv = [sys.executable, "-m", "project", "test", *quick_args(tmp_path / "test", "--ckpt_path", str(ckpt))]
+    argv += ["--trainer.num_nodes", "2", "--trainer.devices", "1"]
+    run_commands([(host_env(hosts, rank, port), argv) for rank in (0, 1)], tmp_path, hosts)
+    [written] = (tmp_path / "test").glob("lightning_logs/version_*/test_metrics.json")
+    across_hosts = json.loads(written.read_text())
+    one_process = evaluate(ckpt)
+    assert across_hosts["test_acc"] == one_process["test_acc"]
+    assert across_hosts["test_loss"] == pytest.approx(one_process["test_loss"], rel=1e-5)
 
 
 @pytest.mark.slow

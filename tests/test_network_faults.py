@@ -87,7 +87,7 @@ def test_master_addr_with_no_route_ends_both_nodes_and_leaves_no_run_folder(host
     runs = [(rank, fit_argv(tmp_path / "run", 2), node_env(rank, "10.99.0.1", port)) for rank in (0, 1)]
     node0, node1 = run_on_hosts(hosts, runs)
     assert_ended(node1, 1, "could not reach the rendezvous at MASTER_ADDR 10.99.0.1", "no route to it")
-    assert_ended(node0, 1, "node rank 1 never joined", "rank 1 of 2 missing", "not an address of this host")
+    assert_ended(node0, 1, "node rank 1 (rank 1 of 2 missing) never joined", "not an address of this host")
     assert not (tmp_path / "run").exists() or not any(path.is_file() for path in (tmp_path / "run").rglob("*"))
 
 
@@ -104,7 +104,7 @@ def test_a_firewall_dropping_the_rendezvous_port(hosts, firewall, tmp_path):
     runs = [(rank, fit_argv(tmp_path / "run", 2), node_env(rank, hosts[0].address, port)) for rank in (0, 1)]
     node0, node1 = run_on_hosts(hosts, runs)
     assert_ended(node1, 1, "could not reach the rendezvous", "no answer", f"open TCP port {port} on node 0")
-    assert_ended(node0, 1, "node rank 1 never joined")
+    assert_ended(node0, 1, "node rank 1 (rank 1 of 2 missing) never joined")
 
 
 def test_a_firewall_that_lets_only_the_rendezvous_through(hosts, firewall, tmp_path):
@@ -145,7 +145,7 @@ def test_a_node_with_another_master_port_is_named(hosts):
     runs = [(rank, doctor_argv(2), node_env(rank, hosts[0].address, port + rank)) for rank in (0, 1)]
     node0, node1 = run_on_hosts(hosts, runs)
     assert_ended(node1, 1, "nothing listens at that port", "the same MASTER_PORT")
-    assert_ended(node0, 1, "node rank 1 never joined", "rank 1 of 2 missing")
+    assert_ended(node0, 1, "node rank 1 (rank 1 of 2 missing) never joined")
 
 
 def test_doctor_across_three_hosts_prints_each_pair_and_the_bandwidth(hosts):
