@@ -181,7 +181,7 @@ def test_sigterm_on_one_host_stops_both_at_one_step_and_resumes_across_hosts_to_
     run_dir, stopped, resumed = preempted_nodes
     for output in stopped:  # the flags are exchanged every 4 steps: both stop after step 16
         assert "SIGTERM on rank 1: stopped at step 16" in output, output[-3000:]
-    assert all("Restoring states from the checkpoint path" in output for output in resumed)
+    assert "Restoring states from the checkpoint path" in resumed[0]  # rank 0 says so for both
     assert_trained_at_world_size_two(run_dir)
     assert_same_weights(last_weights(run_dir), last_weights(env_nodes[0][0]))  # as if never stopped
 
