@@ -47,6 +47,8 @@ class ProjectArgumentParser(LightningArgumentParser):
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         if not self.exit_on_error or os.environ.get("JSONARGPARSE_DEBUG"):
             super().error(message, ex)  # raises: a parser inside another, or jsonargparse's debug mode
+        if not first_on_node():
+            self.exit(2)
         parser = getattr(ex, "subcommand_parser", None) or self
         usage = parser.format_usage()
         if usage.count("\n") > SHORT_USAGE_LINES:
@@ -54,6 +56,12 @@ class ProjectArgumentParser(LightningArgumentParser):
         command = parser.prog.replace(" [options]", "")
         sys.stderr.write(f"{usage}error: {explain(message, parser, command)}\n")
         self.exit(2)
+
+
+def first_on_node() -> bool:
+    """Whether this process says why the command line is refused: where a launcher starts every process (torchrun,
+    srun), the first of each node (a node's own files may be what is wrong); the others exit 2 silently."""
+    return os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0")) in ("", "0")
 
 
 def explain(message: str, parser: ArgumentParser, command: str) -> str:

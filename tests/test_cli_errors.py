@@ -55,6 +55,17 @@ def test_bad_config_is_refused(capsys, tmp_path, flags, message):
     assert message in _refused(capsys, tmp_path / "run", "fit", *quick_args(tmp_path / "run", *flags))
 
 
+@pytest.mark.parametrize(
+    ("variable", "local_rank", "says"),
+    [("LOCAL_RANK", "0", True), ("LOCAL_RANK", "1", False), ("SLURM_LOCALID", "3", False)],
+)
+def test_a_refusal_is_said_by_the_first_process_of_each_node(capsys, monkeypatch, tmp_path, variable, local_rank, says):
+    """torchrun and srun start every process with the same command line: 8 GPUs per node would print it 8 times."""
+    monkeypatch.setenv(variable, local_rank)
+    stderr = _refused(capsys, tmp_path / "run", "fit", *quick_args(tmp_path / "run", "--trainer.max_epochs", "ten"))
+    assert ("error: " in stderr) is says and (stderr == "") is not says
+
+
 @pytest.mark.parametrize("key", ["checkpoint.train_time_interval", "periodic.every"])
 def test_an_interval_that_is_not_a_duration_exits_2_naming_the_key(capsys, tmp_path, key):
     run_dir = tmp_path / "run"
