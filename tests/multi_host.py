@@ -2,7 +2,8 @@
 
 Each host is a Linux network namespace with its own address (10.55.0.N/24), interface name and hostname (a UTS
 namespace), all joined through a bridge in a "switch" namespace. Like many cloud images, each host's name resolves to
-127.0.0.1 (``/etc/netns/HOST/hosts``, which ``ip netns exec`` puts in place of /etc/hosts), and each has a decoy
+127.0.0.1 on itself, and the others' to their addresses (``/etc/netns/HOST/hosts``, which ``ip netns exec`` puts in
+place of /etc/hosts); each has a decoy
 interface named like a container bridge (``docker0``, 172.17.0.1/16) created first, so that "the first interface that
 is not loopback" is the wrong one. Firewall rules come from nftables, inside a host. The hosts share this machine's
 file system, like a cluster's shared one.
@@ -78,12 +79,14 @@ class Hosts:
         _ip("-n", self.switch, "link", "set", "br0", "up")
         for index in range(count):
             self.hosts.append(self._add_host(index))
+        for host in self.hosts:  # a cluster's /etc/hosts: the others by address, itself on 127.0.0.1
+            others = "".join(f"{other.address} {other.name}\n" for other in self.hosts if other is not host)
+            (NETNS_ETC / host.namespace / "hosts").write_text(f"127.0.0.1 localhost {host.name}\n{others}")
 
     def _add_host(self, index: int) -> Host:
         host = Host(f"{self.prefix}h{index}", f"node{index}", INTERFACE_NAMES[index], f"{SUBNET}.{index + 1}")
         _ip("netns", "add", host.namespace)
         (NETNS_ETC / host.namespace).mkdir(parents=True, exist_ok=True)
-        (NETNS_ETC / host.namespace / "hosts").write_text(f"127.0.0.1 localhost {host.name}\n")
         inside = ["-n", host.namespace]
         _ip(*inside, "link", "set", "lo", "up")
         _ip(*inside, "link", "add", "docker0", "type", "bridge")  # the decoy, first after lo

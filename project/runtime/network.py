@@ -15,6 +15,9 @@ from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 
 INTERFACE_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+# Interfaces no other node reaches this one on: loopback, and the bridges and pairs of containers and VMs.
+LOCAL_ONLY_PREFIXES = ("lo", "docker", "br-", "veth", "virbr", "cni", "flannel", "cali")
+OUTSIDE = "203.0.113.1"  # TEST-NET-3 (RFC 5737): a UDP connect to it sends nothing and shows the default route
 _SIOCGIFADDR = 0x8915  # Linux's ioctl for an interface's IPv4 address
 
 
@@ -115,9 +118,31 @@ def choose_interface(environ: MutableMapping[str, str], host: str, port: int, pi
         return None
     if interface is None:
         return None
+    why = f"the interface on the route to MASTER_ADDR {host}"
+    # Node 0, by a name that resolves to 127.0.0.1 here (not 127.0.0.1 itself: every node on this host, lo is right).
+    if is_loopback(interface.address) and not (is_loopback(host) or host.startswith("localhost")):
+        interface, how = outward_interface()
+        if interface is None:
+            return None  # the start-up's probes name the loopback address, with the fix (runtime/rendezvous.py)
+        why = f"{how} (MASTER_ADDR {host} is this host, by a name that resolves to a loopback address here)"
     for variable in INTERFACE_VARS:
         environ[variable] = interface.name
-    return (
-        f"network: {interface.name} ({interface.address}), the interface on the route to MASTER_ADDR {host}"
-        f" (set GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME to choose another)"
-    )
+    choose = "set GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME to choose another"
+    return f"network: {interface.name} ({interface.address}), {why} ({choose})"
+
+
+def is_loopback(address: str | None) -> bool:
+    return bool(address) and (address.startswith("127.") or address == "::1")
+
+
+def outward_interface() -> tuple[Interface | None, str]:
+    """The interface other nodes reach this host on, where MASTER_ADDR cannot tell: the default route's, else the
+    first that is neither loopback nor a container's or VM's; with how it was chosen."""
+    try:
+        default = route_interface(OUTSIDE, 9)
+    except OSError:  # no default route
+        default = None
+    if default is not None and not is_loopback(default.address):
+        return default, "the interface on the default route"
+    candidates = [each for each in interfaces() if each.address and not each.name.startswith(LOCAL_ONLY_PREFIXES)]
+    return (candidates[0] if candidates else None), "the first interface that is not loopback or a container's"

@@ -271,7 +271,7 @@ def _connect(address: str, port: int, world: int, deadline: float) -> dist.Store
 def _unreached(address: str, ip: str, port: int, error: OSError | None, member: Member, deadline: float) -> str:
     where = f"MASTER_ADDR {address}" + (f" ({ip})" if ip != address else "") + f", MASTER_PORT {port}"
     code = getattr(error, "errno", None)
-    loopback = ip.startswith("127.") or ip == "::1"
+    loopback = network.is_loopback(ip)
     if code in (errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EHOSTDOWN):
         measured = f"no route to it ({os.strerror(code)})"
         fix = "MASTER_ADDR must be node 0's address on a network this node is on (`ip route get` it)"
@@ -413,7 +413,7 @@ def _probe_nodes(store: dist.Store, member: Member, deadline: float) -> str:
 def _unconnected(member: Member, record: dict, host: str, port: int, error: OSError, seconds: float) -> str:
     code = getattr(error, "errno", None)
     how = "refused" if code == errno.ECONNREFUSED else os.strerror(code) if code else f"no answer in {seconds:.0f} s"
-    if host.startswith("127.") or host == "::1":
+    if network.is_loopback(host):
         fix = (
             f"node {record['node']} offers a loopback address, the one its hostname ({record['host']}) resolves to:"
             " set GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME there to the interface the nodes share"
