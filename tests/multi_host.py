@@ -42,6 +42,14 @@ class Host:
         script = 'hostname "$0" && exec "$@"'
         return ["ip", "netns", "exec", self.namespace, "unshare", "--uts", "sh", "-c", script, self.name, *argv]
 
+    def daemon_command(self, argv: list[str]) -> list[str]:
+        """ARGV on this host as a system daemon sees it: its network and UTS namespaces and its /etc/hosts, with this
+        machine's /sys (``ip netns exec`` mounts one without the cgroup file systems slurmd needs)."""
+        script = 'mount --bind "$1" /etc/hosts && hostname "$0" && shift && exec "$@"'
+        hosts_file = str(NETNS_ETC / self.namespace / "hosts")
+        enter = ["nsenter", f"--net=/run/netns/{self.namespace}", "unshare", "--mount", "--uts"]
+        return [*enter, "sh", "-c", script, self.name, hosts_file, *argv]
+
     def firewall(self, rules: str) -> None:
         """nftables RULES (the body of an ``inet`` table) on this host; replaces the rules set before."""
         subprocess.run(

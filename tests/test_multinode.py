@@ -1,7 +1,10 @@
-"""Several nodes: two hosts with network stacks of their own (tests/multi_host.py) through each launcher in scripts/,
-trained like one host with the same world size; and SLURM's variables faked."""
+"""Several nodes: two hosts with network stacks of their own (tests/multi_host.py) through each launcher in scripts/
+(Lightning's by environment variables, torchrun, and SLURM with a slurmd on each host: tests/slurm_hosts.py), trained
+like one host with the same world size, stopped and resumed across the hosts, tested exactly; and SLURM's variables
+faked."""
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -22,6 +25,8 @@ from helpers import (
 )
 from lightning.pytorch import Trainer
 from multi_host import Hosts
+from slurm_cluster import slurm_env
+from slurm_hosts import HostCluster, slurm_hosts  # noqa: F401 (the fixture)
 
 from project.data import DigitsDataModule
 from project.module import ClassificationModule
@@ -202,6 +207,32 @@ def test_test_across_hosts_counts_every_sample_once(preempted_nodes, hosts, tmp_
     one_process = evaluate(ckpt)
     assert across_hosts["test_acc"] == one_process["test_acc"]
     assert across_hosts["test_loss"] == pytest.approx(one_process["test_loss"], rel=1e-5)
+
+
+@pytest.fixture(scope="module")
+def slurm_nodes(slurm_hosts: HostCluster, tmp_path_factory) -> tuple[Path, str]:  # noqa: F811 (the fixture)
+    """docs/multi-node.md's sbatch line on a cluster whose nodes are the two hosts (tests/slurm_hosts.py): MASTER_ADDR
+    is node 0's name, from the allocation, which resolves to 127.0.0.1 on node 0 itself."""
+    base = tmp_path_factory.mktemp("slurm_nodes")
+    options = ["--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=0", "--cpus-per-task=1", f"--output={base}/job.out"]
+    script = str(SCRIPTS / "slurm.sbatch")
+    env = slurm_env(PROJECT_EXIT_DIR=str(base))
+    job = slurm_hosts.run("sbatch", "--wait", *options, script, *fit_args(base / "run"), env=env, cwd=REPO, timeout=300)
+    output = (base / "job.out").read_text() if (base / "job.out").exists() else ""
+    assert job.returncode == 0, f"{job.stdout}{job.stderr}\n{output[-4000:]}"
+    return base / "run", output
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_two_hosts_by_slurm_train_like_one_host_with_two_processes(slurm_nodes, hosts, single_node):
+    run_dir, output = slurm_nodes
+    node0, node1 = hosts[0], hosts[1]
+    assert f"network: {node0.interface} ({node0.address}), the first interface that is not loopback" in output
+    assert f"network: {node1.interface} ({node1.address}), the interface on the route to MASTER_ADDR node0" in output
+    assert set(re.findall(r"GLOBAL_RANK: (\d), MEMBER: \d/(\d)", output)) == {("0", "2"), ("1", "2")}
+    assert_trained_at_world_size_two(run_dir)
+    assert_same_weights(last_weights(run_dir), last_weights(single_node))  # bit-identical
 
 
 @pytest.mark.slow
