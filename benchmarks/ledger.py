@@ -35,9 +35,9 @@ from benchmarks.bare_lightning import fit as bare_fit
 from benchmarks.overhead import REPO, RUN_TIMEOUT_S, Config, child_env, launches, wait_all
 from benchmarks.peer_pattern import PeerModule
 from benchmarks.plain_ddp import parse_args as plain_args
+from project.checkpoints.resume_state import ResumeState
 from project.cli import ProjectCLI, build_cli
 from project.runs.outputs import PredictionsWriter, TestMetricsWriter
-from project.runs.resume_state import ResumeState
 from project.runtime.faults import FailFast
 from project.runtime.nan_guard import NaNGuard
 from project.runtime.preemption import PreemptionCheck

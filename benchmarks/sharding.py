@@ -9,7 +9,7 @@
   (``async_save``), alternating; the time each save holds training (``trainer.save_checkpoint``'s time, which includes
   waiting for the previous background save), median over the saves of every repeat, against the synchronous save.
   The same for DDP's single file (``--stall ddp``): ``AtomicCheckpointIO`` against ``AsyncAtomicCheckpointIO``
-  (``runs/checkpointing.py``: a copy of the tensors at the step, the write in a thread).
+  (``checkpoints/files.py``: a copy of the tensors at the step, the write in a thread).
 
 The model is the digits MLP made wide (hidden sizes 4096, 4096: 17M parameters, a 134 MB checkpoint with SGD's
 momentum), real fits of ``python -m project fit`` with a probe callback (this module, by class path).
@@ -33,7 +33,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 REPO = Path(__file__).resolve().parents[1]
 WIDE = ["--model.network.init_args.hidden_sizes", "[4096, 4096]", "--trainer.enable_progress_bar", "false"]
 FSDP = ["--config", str(REPO / "configs" / "fsdp.yaml")]
-WRITER = "--trainer.plugins=project.runs.checkpointing."
+WRITER = "--trainer.plugins=project.checkpoints.files."
 STALL_FLAGS = {  # (synchronous, asynchronous) flags of each kind of checkpoint
     "fsdp2": tuple([*FSDP, "--trainer.strategy.init_args.async_save", side] for side in ("false", "true")),
     "ddp": tuple([WRITER + name] for name in ("AtomicCheckpointIO", "AsyncAtomicCheckpointIO")),

@@ -25,18 +25,18 @@ from lightning.pytorch.strategies import ParallelStrategy
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from project import lightning_internals as internals
+from project.checkpoints.files import AtomicCheckpointIO, CheckpointError, check_checkpoint
+from project.checkpoints.periodic import PeriodicCheckpoint
 from project.checks import SettingsError, check_settings, cpu_processes_problem
 from project.data import BaseDataModule
 from project.errors import ProjectArgumentParser, constructor_error
 from project.messages import first_line
 from project.module import ClassificationModule
 from project.runs import folders
-from project.runs.checkpointing import AtomicCheckpointIO, CheckpointError, check_checkpoint
 from project.runs.outputs import PredictionsWriter, ProgressBar, TestMetricsWriter
 from project.runtime import network
 from project.runtime.known_noise import silence_known_noise
 from project.runtime.launcher import ForkLauncher, one_thread
-from project.runtime.periodic_checkpoint import PeriodicCheckpoint
 from project.runtime.preemption import PreemptionCheck
 from project.runtime.safeguards import Safeguards
 
@@ -196,7 +196,8 @@ def add_safeguards(trainer: Trainer, safeguards: Safeguards) -> None:
     - ``FailFast`` (runtime/faults.py): the heartbeat; on an exception, names the failed rank and stops the others;
     - ``NaNGuard`` (runtime/nan_guard.py): a NaN loss stops the run before a checkpoint is saved;
     - ``Throughput`` (runtime/throughput.py): samples/s, TFLOP/s and MFU, after the window's loss;
-    - ``ResumeState`` (runs/resume_state.py): RNG states and ``metrics.csv`` rows in checkpoints, restored on resume;
+    - ``ResumeState`` (checkpoints/resume_state.py): RNG states and ``metrics.csv`` rows in checkpoints, restored on
+      resume;
     - ``PreemptionCheck`` (runtime/preemption.py): SIGTERM, the requeue signal and Ctrl-C; its stop comes after the
       step's other work, and its ``on_exception`` after ``FailFast``'s.
     """

@@ -25,7 +25,7 @@ if [[ -n $CHECKPOINT_EVERY && ! $CHECKPOINT_EVERY =~ ^[0-9]+:[0-5][0-9]:[0-5][0-
 fi
 periodic=()
 if [[ -n $CHECKPOINT_EVERY ]]; then
-  periodic=(--periodic.every "$CHECKPOINT_EVERY" --trainer.plugins project.runs.checkpointing.AsyncAtomicCheckpointIO)
+  periodic=(--periodic.every "$CHECKPOINT_EVERY" --trainer.plugins project.checkpoints.files.AsyncAtomicCheckpointIO)
 fi
 NUM_NODES=${NUM_NODES:-1}
 DEVICES=${DEVICES:-1}

@@ -34,9 +34,9 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import Tensor, nn
 from torch.utils.data import Dataset
 
+from project.checkpoints.resume_state import ResumeState
 from project.data.base import SPLITS, BaseDataModule
 from project.data.transforms import Transformed
-from project.runs.resume_state import ResumeState
 
 
 class NetworkSuite:

@@ -20,8 +20,7 @@ from helpers import (
 )
 from torch.utils.data import SequentialSampler
 
-from project.data.loaders import TensorBatchLoader
-from project.runs.checkpointing import (
+from project.checkpoints.files import (
     AsyncAtomicCheckpointIO,
     AtomicCheckpointIO,
     CheckpointError,
@@ -29,11 +28,12 @@ from project.runs.checkpointing import (
     rng_states,
     set_rng_states,
 )
+from project.data.loaders import TensorBatchLoader
 
 SAVER = """
 import sys, torch
-from project.runs import checkpointing
-io, weights = getattr(checkpointing, sys.argv[3])(), torch.arange(8_000_000, dtype=torch.float32)  # 32 MB per save
+from project.checkpoints import files as checkpoint_files
+io, weights = getattr(checkpoint_files, sys.argv[3])(), torch.arange(8_000_000, dtype=torch.float32)  # 32 MB per save
 start = int(sys.argv[2])
 for i in range(start, start + 1000):
     io.save_checkpoint({"i": i, "w": weights + i}, sys.argv[1])
@@ -100,7 +100,7 @@ def test_a_background_save_that_fails_raises_at_the_next_save_and_keeps_the_prev
 # 7 steps here (an interval of 0, checked every 7 steps): digits on one process has 20 steps per epoch, so the run
 # that fails at step 30 resumes from step 28, inside epoch 1 and not at its last batch.
 PERIODIC = (
-    "--trainer.plugins", "project.runs.checkpointing.AsyncAtomicCheckpointIO",
+    "--trainer.plugins", "project.checkpoints.files.AsyncAtomicCheckpointIO",
     "--periodic.every", "0:00:00", "--periodic.check_every_n_steps", "7",
     "--trainer.max_epochs", "2", "--model.network.init_args.dropout", "0.3",
 )  # fmt: skip

@@ -10,8 +10,8 @@ import torch
 from helpers import checkpoint_dir, exec_project, project_env, quick_args
 
 from project import exit_codes
+from project.checkpoints.files import AtomicCheckpointIO, DiskFullError, load_checkpoint_file
 from project.runs import restarts
-from project.runs.checkpointing import AtomicCheckpointIO, DiskFullError, load_checkpoint_file
 
 ONE_SCREEN = 25
 

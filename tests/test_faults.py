@@ -36,6 +36,7 @@ from helpers import (
 )
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from project.checkpoints.resume_state import ResumeState
 from project.cli import build_cli
 from project.exit_codes import (
     CRASHED_EXIT_CODE,
@@ -45,7 +46,6 @@ from project.exit_codes import (
     REFUSED_EXIT_CODE,
 )
 from project.runs.folders import resume_command
-from project.runs.resume_state import ResumeState
 from project.runtime.early_interrupt import EarlyInterrupt
 from project.runtime.faults import FailFast
 from project.runtime.nan_guard import NaNGuard

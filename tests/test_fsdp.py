@@ -12,7 +12,7 @@ import torch
 from helpers import REPO, assert_same_weights, last_checkpoint, quick_args, run_folder, run_project
 from test_faults import RESUMABLE, fail_at, fit
 
-from project.runs.checkpointing import load_sharded_as_full, recover_interrupted_save
+from project.checkpoints.files import load_sharded_as_full, recover_interrupted_save
 
 FSDP = ("--config", str(REPO / "configs" / "fsdp.yaml"))
 # The learning rate's cosine set for 20 epochs: over the runs' own two it would anneal before the model has learnt

@@ -92,9 +92,10 @@ def test_the_entry_points_help_lists_every_command_and_each_command_has_a_main(c
 
 def test_the_users_files_import_none_of_the_machinery(graph):
     """What a user edits (the module, networks, callbacks, data modules) reads as plain Lightning: no runtime/, runs/,
-    commands/ or private-API module; the machinery comes to it (e.g. the FSDP2 strategy, through ``ShardsNetworks``)."""
+    checkpoints/, commands/ or private-API module; the machinery comes to it (e.g. the FSDP2 strategy, through
+    ``ShardsNetworks``)."""
     users = [f"{PACKAGE}.module", f"{PACKAGE}.networks", f"{PACKAGE}.callbacks"]
-    machinery = tuple(f"{PACKAGE}.{name}" for name in ("runtime", "runs", "commands"))
+    machinery = tuple(f"{PACKAGE}.{name}" for name in ("runtime", "runs", "checkpoints", "commands"))
     reached = {f"{module} -> {name}" for module in users for name in graph[module] if name.startswith(machinery)}
     assert reached == set() and all(module in graph for module in users)
 

@@ -1,5 +1,5 @@
-"""The interface a multi-node run talks on (project/runtime/network.py), on this machine's own interfaces: the one on
-the route to MASTER_ADDR, another where that is loopback by a name, and a named one that does not exist refused."""
+"""The interface a multi-node run talks on (project/runtime/network.py), on this machine's own interfaces: the one
+on the route to MASTER_ADDR, another where that is loopback by a name, and a named one that does not exist refused."""
 
 import sys
 

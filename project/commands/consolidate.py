@@ -4,7 +4,7 @@ export or a run without FSDP."""
 import argparse
 from pathlib import Path
 
-from project.runs import checkpointing
+from project.checkpoints import files as checkpoint_files
 
 
 def main(argv: list[str]) -> int:
@@ -12,11 +12,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("checkpoint", type=Path, help="a sharded checkpoint's folder, e.g. .../checkpoints/last.ckpt")
     parser.add_argument("output", type=Path, help="the single-file checkpoint to write")
     args = parser.parse_args(argv)
-    if not checkpointing.is_sharded(args.checkpoint):
+    if not checkpoint_files.is_sharded(args.checkpoint):
         parser.error(f"{args.checkpoint} is not a sharded checkpoint's folder (with a .metadata file)")
     try:
-        checkpointing.consolidate(args.checkpoint, args.output)
-    except checkpointing.CheckpointError as error:
+        checkpoint_files.consolidate(args.checkpoint, args.output)
+    except checkpoint_files.CheckpointError as error:
         parser.error(str(error))
     print(f"{args.checkpoint} consolidated into {args.output}")
     return 0

@@ -24,8 +24,8 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.utilities import rank_zero_only
 
+from project.checkpoints.files import checkpoint_meta, recover_interrupted_save
 from project.messages import report
-from project.runs.checkpointing import checkpoint_meta, recover_interrupted_save
 from project.runs.restarts import record_restart, srun_restart_count
 
 RUN_FOLDER = re.compile(r"version_(\d+)")

@@ -115,7 +115,7 @@ class FailFast(Callback):
 
 def finish_pending_save(trainer: Trainer) -> None:
     """A checkpoint still being written in the background (FSDP2's strategy, runtime/sharding.py, or the single-file
-    writer, runs/checkpointing.py) is finished before the ranks are stopped, if the ranks writing it still can."""
+    writer, checkpoints/files.py) is finished before the ranks are stopped, if the ranks writing it still can."""
     for writer in (trainer.strategy, trainer.strategy.checkpoint_io):
         finish = getattr(writer, "finish_pending_save", None)
         if finish is None:

@@ -30,7 +30,7 @@ code 130. Lightning handles no SIGINT: Python raises KeyboardInterrupt wherever 
 ``_call_and_handle_interrupt`` reports it and exits 1, and nothing is saved. Here the first Ctrl-C sets a flag; a
 second one, or one before the first training step (nothing to save yet), raises ``Interrupted``: the ranks this
 process launched are killed at once and the process exits 130 without saving (an interrupted checkpoint write leaves
-the previous file, runs/checkpointing.py). A DataLoader worker forked from a rank lets the first Ctrl-C pass (its
+the previous file, checkpoints/files.py). A DataLoader worker forked from a rank lets the first Ctrl-C pass (its
 rank decides) and ends on the second.
 """
 
@@ -49,6 +49,7 @@ from lightning.fabric.plugins.environments import LightningEnvironment
 from lightning.pytorch import Callback, LightningModule, Trainer
 
 from project import lightning_internals as internals
+from project.checkpoints.last import save_last_checkpoint
 from project.exit_codes import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE
 from project.runs.folders import resume_command, slurm_job_id
 from project.runtime.early_interrupt import EarlyInterrupt
@@ -57,11 +58,11 @@ from project.runtime.requeue_signal import EarlyRequeueSignal
 from project.runtime.strategy import process_group_timeout
 
 SIGTERM_FLAG, REQUEUE_FLAG, INTERRUPT_FLAG = 1, 2, 4  # a rank's flags, summed across ranks: each writes its own slot
-PERIODIC_FLAG = 8  # rank 0's: a periodic checkpoint is due (periodic_checkpoint.py), told in the same exchange
+PERIODIC_FLAG = 8  # rank 0's: a periodic checkpoint is due (checkpoints/periodic.py), told in the same exchange
 
 
 class PeriodicSave(Protocol):
-    """What this check asks of the periodic checkpoint (periodic_checkpoint.py, which imports this module)."""
+    """What this check asks of the periodic checkpoint (checkpoints/periodic.py, which imports this module)."""
 
     def due(self) -> bool: ...
 
@@ -259,17 +260,6 @@ def requeue_slurm_job() -> str | None:
         report(f"scontrol requeue {job} failed ({done.returncode}): {done.stderr.strip()}")
         return None
     return job
-
-
-def save_last_checkpoint(trainer: Trainer) -> None:
-    """Saves ``last.ckpt`` on every rank's call (rank 0 writes, then all wait), as ModelCheckpoint's ``save_last``."""
-    callback = trainer.checkpoint_callback
-    if callback is None or callback.dirpath is None:
-        trainer.strategy.barrier("preempted")
-        return
-    path = os.path.join(callback.dirpath, callback.CHECKPOINT_NAME_LAST + callback.FILE_EXTENSION)
-    callback.last_model_path = path  # before saving: it is part of the callback's saved state
-    trainer.save_checkpoint(path, callback.save_weights_only)
 
 
 def detach_launched_ranks(trainer: Trainer) -> list[subprocess.Popen]:

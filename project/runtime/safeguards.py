@@ -8,7 +8,7 @@ the digits MLP's 0.9 ms step and a CNN's 0.4 s; what each does beside is below, 
 
 from lightning.pytorch import Callback
 
-from project.runs.resume_state import ResumeState
+from project.checkpoints.resume_state import ResumeState
 from project.runtime.faults import FailFast
 from project.runtime.nan_guard import NaNGuard
 from project.runtime.throughput import Throughput

@@ -26,7 +26,7 @@ from torch.distributed.constants import default_pg_timeout
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from project import lightning_internals as internals
-from project.runs.checkpointing import METADATA_FILE, check_sharded, fsync_folder, is_sharded, remove
+from project.checkpoints.files import METADATA_FILE, check_sharded, fsync_folder, is_sharded, remove
 
 
 class FSDP2Strategy(ModelParallelStrategy):

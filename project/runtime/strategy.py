@@ -22,8 +22,8 @@ from lightning.pytorch import strategies
 from torch.distributed.constants import default_pg_timeout
 
 from project import lightning_internals as internals
+from project.checkpoints.files import is_sharded, load_sharded_as_full
 from project.messages import report
-from project.runs.checkpointing import is_sharded, load_sharded_as_full
 from project.runtime import rendezvous
 
 STARTUP_TIMEOUT = timedelta(minutes=1)

@@ -14,7 +14,8 @@ from datetime import timedelta
 
 from lightning.pytorch import Callback, LightningModule, Trainer
 
-from project.runtime.preemption import PreemptionCheck, save_last_checkpoint
+from project.checkpoints.last import save_last_checkpoint
+from project.runtime.preemption import PreemptionCheck
 
 
 class PeriodicCheckpoint(Callback):

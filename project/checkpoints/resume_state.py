@@ -1,6 +1,6 @@
 """``ResumeState``: what a checkpoint holds beyond Lightning's own for an exact resume, and what a resume undoes.
 
-- every rank's RNG states (``checkpointing.py``), saved in each checkpoint and restored when ``fit`` resumes:
+- every rank's RNG states (``files.py``), saved in each checkpoint and restored when ``fit`` resumes:
   Lightning's checkpoints hold none, so dropout and random augmentation would otherwise draw other numbers;
 - the ``metrics.csv`` rows logged so far (``loggers.py``), flushed at each checkpoint and counted in it; a resumed fit
   drops the rows the interrupted attempt logged after it, and logs them again.
@@ -11,7 +11,7 @@ from typing import Any
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.trainer.states import TrainerFn
 
-from project.runs.checkpointing import gather_rng_states, restore_rng_states
+from project.checkpoints.files import gather_rng_states, restore_rng_states
 from project.runs.loggers import drop_rows_after, record_rows
 
 
