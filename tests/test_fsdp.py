@@ -9,10 +9,20 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import REPO, assert_same_weights, last_checkpoint, quick_args, run_folder, run_project
+from helpers import (
+    REPO,
+    assert_same_weights,
+    free_port,
+    last_checkpoint,
+    project_env,
+    quick_args,
+    run_folder,
+    run_project,
+)
 from test_faults import RESUMABLE, fail_at, fit
 
 from project.checkpoints.files import load_sharded_as_full, recover_interrupted_save
+from project.exit_codes import CRASHED_EXIT_CODE
 
 FSDP = ("--config", str(REPO / "configs" / "fsdp.yaml"))
 # The learning rate's cosine set for 20 epochs: over the runs' own two it would anneal before the model has learnt
@@ -191,3 +201,14 @@ def test_a_save_killed_between_its_renames_leaves_a_whole_checkpoint(tmp_path):
     shutil.rmtree(last)
     recover_interrupted_save(last)
     assert (last / ".metadata").read_text() == "1"
+
+
+@pytest.mark.slow
+def test_a_sharded_run_across_nodes_names_a_node_that_never_comes_within_the_start_up_timeout(tmp_path):
+    """FSDP2's ranks meet as DDP's do (runtime/rendezvous.py), not in torch's rendezvous for 30 minutes."""
+    startup = ("--trainer.num_nodes", "2", "--trainer.strategy.init_args.startup_timeout", "0:00:05")
+    env = project_env(NODE_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    result = run_project("fit", *quick_args(tmp_path / "run", *FSDP, *startup), cwd=REPO, env=env, timeout=120)
+    assert result.returncode == CRASHED_EXIT_CODE, result.stderr[-3000:]
+    assert "node rank 1 (rank 1 of 2 missing) never joined the rendezvous" in result.stderr
+    assert not (tmp_path / "run").exists()

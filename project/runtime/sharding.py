@@ -27,9 +27,10 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from project import lightning_internals as internals
 from project.checkpoints.files import METADATA_FILE, check_sharded, fsync_folder, is_sharded, remove
+from project.runtime.strategy import STARTUP_TIMEOUT, MeetsFirst
 
 
-class FSDP2Strategy(ModelParallelStrategy):
+class FSDP2Strategy(MeetsFirst, ModelParallelStrategy):
     """FSDP2 over every rank: each holds 1/N of every parameter, gradient and optimizer state.
 
     Args:
@@ -42,7 +43,7 @@ class FSDP2Strategy(ModelParallelStrategy):
         async_save: write checkpoints in the background: a save stalls training only while the state is copied.
         tensor_parallel_size: ranks per tensor-parallel group (1: pure data parallelism, what the template's
             networks need).
-        process_group_backend, timeout: as for ``DDPStrategy``.
+        process_group_backend, timeout, startup_timeout: as for ``DDPStrategy``.
     """
 
     def __init__(
@@ -54,6 +55,7 @@ class FSDP2Strategy(ModelParallelStrategy):
         tensor_parallel_size: int = 1,
         process_group_backend: str | None = None,
         timeout: timedelta | None = default_pg_timeout,
+        startup_timeout: timedelta = STARTUP_TIMEOUT,
     ) -> None:
         super().__init__(
             tensor_parallel_size=tensor_parallel_size,
@@ -71,11 +73,14 @@ class FSDP2Strategy(ModelParallelStrategy):
         self.async_save = async_save
         self.tensor_parallel_size = tensor_parallel_size
         self.timeout = timeout  # process_group_timeout reads it
+        self.startup_timeout = startup_timeout
+        self.run_facts = {}
         self._save_group: dist.ProcessGroup | None = None
         self._pending: tuple[Future, Path, Path] | None = None
 
     def setup_environment(self) -> None:
         internals.set_mesh_sizes(self, self.num_nodes * self.num_processes // self.tensor_parallel_size)
+        self.form_process_group()  # Lightning's set-up below finds it formed
         super().setup_environment()
         if self.async_save and self.world_size > 1:
             # Its own gloo group: a background save's collectives must not pair with training's (a shared one hung).

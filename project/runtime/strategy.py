@@ -30,46 +30,20 @@ STARTUP_TIMEOUT = timedelta(minutes=1)
 LIGHTNING_LOG = logging.getLogger("lightning.fabric")  # Lightning's console channel, where it reports joining
 
 
-class DDPStrategy(strategies.DDPStrategy):
-    """Lightning's ``DDPStrategy``; a world of one process trains without the ``DistributedDataParallel`` wrapper, and
-    a sharded (FSDP2) checkpoint loads too, gathered whole in each process's memory."""
+class MeetsFirst:
+    """What the template's strategies add to Lightning's start-up: with several processes, the ranks meet first within
+    ``startup_timeout`` (runtime/rendezvous.py), then form the process group through that store (under torchrun, the
+    agent's); Lightning's own set-up then finds the group formed and goes on."""
 
-    def __init__(
-        self,
-        *args: Any,
-        timeout: timedelta | None = default_pg_timeout,
-        startup_timeout: timedelta = STARTUP_TIMEOUT,
-        **kwargs: Any,
-    ) -> None:
-        """Args:
-        timeout: how long a rank waits for its peers in a collective (``process_group_timeout`` reads it).
-        startup_timeout: how long the ranks may take to meet at start-up; a network fault ends every rank within it,
-            saying what was measured (runtime/rendezvous.py).
-        """
-        super().__init__(*args, timeout=timeout, **kwargs)
-        self.timeout = timeout
-        self.startup_timeout = startup_timeout
-        self.run_facts: dict[str, str] = {}  # what every node must agree on: the CLI sets the resolved config
+    startup_timeout: timedelta
+    run_facts: dict[str, str]  # what every node must agree on: the CLI sets the resolved config
 
-    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
-        if is_sharded(checkpoint_path):
-            return load_sharded_as_full(Path(checkpoint_path))
-        return super().load_checkpoint(checkpoint_path, weights_only)
-
-    def configure_ddp(self) -> None:
-        if self.world_size > 1:
-            super().configure_ddp()
-
-    def setup_distributed(self) -> None:
-        """With several processes, the ranks meet first within ``startup_timeout`` (runtime/rendezvous.py), then join
-        the process group through that store (under torchrun, the agent's); Lightning's setup then finds the group
-        ready. One process: Lightning's setup as it is."""
+    def form_process_group(self) -> None:
         self.set_world_ranks()
-        if self.world_size > 1:
+        if self.world_size > 1 and not dist.is_initialized():
             with self.launched_ranks_watched_here():
                 store = self.meet()
             self.join_through(store)
-        super().setup_distributed()
 
     @contextlib.contextmanager
     def launched_ranks_watched_here(self) -> Iterator[None]:
@@ -126,6 +100,41 @@ class DDPStrategy(strategies.DDPStrategy):
             timeout=process_group_timeout(self),
             device_id=self.root_device if self.root_device.type != "cpu" else None,  # as Lightning passes it
         )
+
+
+class DDPStrategy(MeetsFirst, strategies.DDPStrategy):
+    """Lightning's ``DDPStrategy``; a world of one process trains without the ``DistributedDataParallel`` wrapper, and
+    a sharded (FSDP2) checkpoint loads too, gathered whole in each process's memory."""
+
+    def __init__(
+        self,
+        *args: Any,
+        timeout: timedelta | None = default_pg_timeout,
+        startup_timeout: timedelta = STARTUP_TIMEOUT,
+        **kwargs: Any,
+    ) -> None:
+        """Args:
+        timeout: how long a rank waits for its peers in a collective (``process_group_timeout`` reads it).
+        startup_timeout: how long the ranks may take to meet at start-up; a network fault ends every rank within it,
+            saying what was measured (runtime/rendezvous.py).
+        """
+        super().__init__(*args, timeout=timeout, **kwargs)
+        self.timeout = timeout
+        self.startup_timeout = startup_timeout
+        self.run_facts = {}
+
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        if is_sharded(checkpoint_path):
+            return load_sharded_as_full(Path(checkpoint_path))
+        return super().load_checkpoint(checkpoint_path, weights_only)
+
+    def configure_ddp(self) -> None:
+        if self.world_size > 1:
+            super().configure_ddp()
+
+    def setup_distributed(self) -> None:
+        self.form_process_group()
+        super().setup_distributed()
 
 
 def process_group_timeout(strategy: Any) -> timedelta:
