@@ -1,5 +1,5 @@
-"""The start-up rendezvous (project/runtime/rendezvous.py) without a launch: what a rank measures when node 0's port
-is held by another program, or a node never comes."""
+"""The start-up rendezvous (project/runtime/rendezvous.py) without a launch: what a rank measures when node 0's
+port is held by another program, or a node never comes."""
 
 import socket
 import subprocess
