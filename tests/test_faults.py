@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import NamedTuple
 
 import pytest
@@ -105,6 +106,15 @@ def test_a_nan_loss_stops_training_naming_the_step_and_keeps_the_last_good_check
     ckpt = torch.load(last_checkpoint(tmp_path), weights_only=True)
     assert 0 < ckpt["global_step"] < int(found.group(1))
     assert all(value.isfinite().all() for value in ckpt["state_dict"].values())
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_the_nan_guard_refuses_to_save_non_finite_weights_naming_them(bad):
+    trainer = SimpleNamespace(global_step=7)
+    weights = {"a.weight": torch.ones(3), "b.weight": torch.tensor([1.0, bad]), "steps": torch.tensor([3])}
+    with pytest.raises(FloatingPointError, match=r"non-finite weights at step 7 \(b\.weight\): not saving"):
+        NaNGuard().check_weights(trainer, weights)
+    NaNGuard().check_weights(trainer, {"a.weight": torch.ones(3), "empty": torch.zeros(0), "steps": torch.tensor([3])})
 
 
 # Dropout draws random numbers every step: the resumed run must restore every rank's RNG states.

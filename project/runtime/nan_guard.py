@@ -51,7 +51,7 @@ class NaNGuard(Callback):
     def check_weights(self, trainer: Trainer, state_dict: dict[str, torch.Tensor]) -> None:
         self.check(trainer)
         shards = {name: value.to_local() if hasattr(value, "to_local") else value for name, value in state_dict.items()}
-        bad = [name for name, value in shards.items() if value.is_floating_point() and not value.isfinite().all()]
+        bad = [name for name, value in shards.items() if value.is_floating_point() and not all_finite(value)]
         if len(shards) and any(hasattr(value, "to_local") for value in state_dict.values()):  # FSDP2: one decision
             count = torch.tensor([len(bad)], device=next(iter(shards.values())).device)
             dist.all_reduce(count)
@@ -60,3 +60,13 @@ class NaNGuard(Callback):
             raise FloatingPointError(
                 f"non-finite weights at step {trainer.global_step} ({', '.join(bad[:3])}): not saving a checkpoint"
             )
+
+
+def all_finite(value: torch.Tensor) -> bool:
+    """Whether every element is finite, in one pass that allocates nothing the size of VALUE (NaN and inf show in its
+    minimum or maximum): ``isfinite(value).all()`` allocates a mask as large, and its page faults were most of a
+    background checkpoint's stall (0.11 s of 0.15 s for a 137 MB checkpoint, docs/performance.md)."""
+    if value.numel() == 0:
+        return True
+    low, high = torch.aminmax(value)
+    return bool(torch.isfinite(low) and torch.isfinite(high))
