@@ -21,6 +21,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from lightning.pytorch.strategies import ModelParallelStrategy
 from torch import nn
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
 from torch.distributed.constants import default_pg_timeout
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -76,6 +77,7 @@ class FSDP2Strategy(MeetsFirst, ModelParallelStrategy):
         self.startup_timeout = startup_timeout
         self.run_facts = {}
         self._save_group: dist.ProcessGroup | None = None
+        self._stager: DefaultStager | None = None
         self._pending: tuple[Future, Path, Path] | None = None
 
     def setup_environment(self) -> None:
@@ -85,6 +87,10 @@ class FSDP2Strategy(MeetsFirst, ModelParallelStrategy):
         if self.async_save and self.world_size > 1:
             # Its own gloo group: a background save's collectives must not pair with training's (a shared one hung).
             self._save_group = dist.new_group(backend="gloo", timeout=self.timeout)
+            # The shards' copies kept from one save to the next: fresh ones cost their page faults at every save,
+            # most of the stall (docs/gpus-and-sharding.md). The next save waits for the previous write first.
+            on_gpu = self.root_device.type == "cuda"
+            self._stager = DefaultStager(StagingOptions(on_gpu, False, False, False))  # pinned memory on GPUs
 
     def shard(self, network: nn.Module) -> None:
         """Makes each module of the policy's classes, then the network, a shard unit on the data-parallel mesh. Once:
@@ -135,7 +141,7 @@ class FSDP2Strategy(MeetsFirst, ModelParallelStrategy):
             torch.save(checkpoint, partial / METADATA_FILE)  # loops, callbacks, RNG states: small
         if self._save_group is not None:
             self._pending = (
-                dcp.async_save(state, checkpoint_id=partial, process_group=self._save_group),
+                dcp.async_save(state, checkpoint_id=partial, process_group=self._save_group, async_stager=self._stager),
                 partial,
                 path,
             )
@@ -182,6 +188,9 @@ class FSDP2Strategy(MeetsFirst, ModelParallelStrategy):
         """A run that ends, fails or is preempted keeps its last save."""
         if dist.is_available() and dist.is_initialized():
             self.finish_pending_save()
+        if self._stager is not None:
+            self._stager.close()  # its copies go with it
+            self._stager = None
         super().teardown()
 
 
