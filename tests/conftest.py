@@ -59,7 +59,15 @@ def process_guard(item: pytest.Item) -> contextlib.AbstractContextManager:
 
 # The longest files first (their share of the suite in its last runs): xdist hands whole files to its 2 workers
 # (--dist loadfile) in collection order, and a long file started late is the suite's tail on one worker.
-LONGEST_FIRST = ("test_slurm.py", "test_template.py", "test_faults.py", "test_fsdp.py", "test_resume.py")
+LONGEST_FIRST = (
+    "test_slurm.py",
+    "test_faults.py",
+    "test_multinode.py",
+    "test_network_faults.py",
+    "test_template.py",
+    "test_fsdp.py",
+    "test_resume.py",
+)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
