@@ -352,10 +352,6 @@ NOT_RERUN = {
     "tests/test_faults.py::test_torchrun_restarts_a_rank_killed_twice_and_the_run_resumes_itself_to_the_same_weights",
     "tests/test_faults.py::test_sigterm_to_one_rank_stops_every_rank_at_the_same_step_saves_it_and_resumes_exactly",
     "tests/test_gpu_check_install.py::test_the_offline_gpu_node_install_gives_a_working_cli",  # a venv, downloads
-    # FSDP2's fits on 2 and 3 processes: the package's name reaches them by the command line MULTI_PROCESS_FIT uses.
-    "tests/test_fsdp.py::test_its_checkpoint_tests_the_same_on_1_2_and_3_processes_with_or_without_fsdp_and_consolidated",
-    "tests/test_fsdp.py::test_predictions_on_2_sharded_processes_are_those_of_1_plain_one",
-    "tests/test_fsdp.py::test_a_sharded_run_resumes_on_3_processes",
     # Hosts of their own (network namespaces) and fits across them: the package's name there is the same argv.
     "tests/test_multinode.py::test_test_across_hosts_counts_every_sample_once",
     "tests/test_network_faults.py::test_doctor_across_three_hosts_prints_each_pair_and_the_bandwidth",
