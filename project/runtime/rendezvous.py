@@ -245,7 +245,7 @@ def _reach(address: str, ip: str, port: int, deadline: float, member: Member) ->
 
 def _connect(address: str, port: int, world: int, deadline: float) -> dist.Store:
     """The store's client, built on a thread: torch's waits for the store's handshake with no timeout, forever when
-    another program holds the port."""
+    another program holds the port. A daemon thread, not an executor's: one left blocked must not hold up the exit."""
     built: list[dist.Store | BaseException] = []
 
     def build() -> None:
