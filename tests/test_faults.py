@@ -49,7 +49,7 @@ from project.runs.folders import resume_command
 from project.runtime.early_interrupt import EarlyInterrupt
 from project.runtime.faults import FailFast
 from project.runtime.nan_guard import NaNGuard
-from project.runtime.preemption import PreemptionCheck
+from project.runtime.preemption import PreemptionCheck, requeue_slurm_job
 from project.runtime.throughput import Throughput
 
 TESTS = str(REPO / "tests")
@@ -295,6 +295,21 @@ def test_the_resume_command_is_the_command_with_ckpt_path_last_in_place_of_any_o
     )
     started = ["/venv/bin/project", "fit", "--ckpt_path", "auto", "--trainer.devices", "2", "--ckpt_path=x.ckpt"]
     assert resume_command(started) == "project fit --trainer.devices 2 --ckpt_path last"
+
+
+@pytest.mark.slow
+def test_the_requeue_outlives_the_sigterm_it_brings_to_the_jobs_processes(tmp_path, monkeypatch):
+    """`scontrol requeue` terminates the job's processes, its own among them: a stand-in that gets SIGTERM before
+    it answers (as a busy CI machine's did) still reports the job requeued."""
+    scontrol = tmp_path / "scontrol"
+    scontrol.write_text('#!/bin/sh\nkill -TERM $$\necho "$@" > "$(dirname "$0")/asked"\n')
+    scontrol.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    for name, value in (("SLURM_JOB_ID", "108"), ("SLURM_NTASKS", "2"), ("SLURM_JOB_NAME", "project")):
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("SLURM_ARRAY_JOB_ID", raising=False)
+    assert requeue_slurm_job() == "108"
+    assert (tmp_path / "asked").read_text() == "requeue 108\n"
 
 
 def test_every_run_gets_the_safeguards_after_the_configs_callbacks_in_the_order_their_hooks_need(tmp_path, monkeypatch):

@@ -133,7 +133,7 @@ def test_a_job_that_reaches_its_time_limit_is_requeued_and_loses_nothing(referen
     assert state["restarts"] >= 1
     stops = stop_lines(text)
     assert set(stops) == {0, 1} and len(set(stops.values())) == 1, text[-4000:]  # both ranks, one step
-    assert f"job {job} requeued: it resumes by itself" in text
+    assert f"job {job} requeued: it resumes by itself" in text, text[-4000:]
     assert f"SLURM job {job}, requeued 1 time(s): resuming from" in text
     checkpoint = torch.load(last_checkpoint(run_dir), map_location="cpu", weights_only=True)
     assert checkpoint["global_step"] == EPOCHS * STEPS_PER_EPOCH  # not one optimizer step lost

@@ -251,8 +251,11 @@ def requeue_slurm_job() -> str | None:
     if job is None:
         report("the requeue signal outside a SLURM job: not requeued")
         return None
+    # The requeue terminates the job's processes, scontrol among them, at times before its reply arrives (a CI run: the
+    # job was requeued and scontrol died of SIGTERM): it runs with SIGTERM ignored, which exec keeps.
+    requeue = ["sh", "-c", 'trap "" TERM; exec scontrol requeue "$0"', job]
     try:
-        done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
+        done = subprocess.run(requeue, capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as error:
         report(f"scontrol requeue {job} failed: {error}")
         return None
