@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from multi_host import Host, Hosts
+from slurm_cluster import ACTIVE_STATES
 
 CONTROLLER_PORT = 16917
 NODE_PORT = 17101  # the same on every host: each has its own network stack
@@ -40,6 +41,22 @@ class HostCluster:
         return subprocess.run(
             command, env=environ, cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False
         )
+
+    def wait(self, job: str, timeout: float = 300) -> str:
+        """The job's final state (COMPLETED, FAILED, ...), polled: ``sbatch --wait`` polls at 2, 10 and 42 s, which
+        made a 9 s job a 42 s one."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            fields = dict(
+                field.split("=", 1)
+                for field in self.run("scontrol", "show", "job", "-o", job).stdout.split()
+                if "=" in field
+            )
+            if fields.get("JobState", "PENDING") not in ACTIVE_STATES:
+                return fields["JobState"]
+            time.sleep(0.3)
+        self.run("scancel", job)
+        pytest.fail(f"job {job} on the hosts' cluster not finished after {timeout:.0f} s (cancelled)")
 
     def idle(self) -> bool:
         lines = self.run("sinfo", "-h", "-N", "-o", "%N %t").stdout.splitlines()

@@ -217,9 +217,11 @@ def slurm_nodes(slurm_hosts: HostCluster, tmp_path_factory) -> tuple[Path, str]:
     options = ["--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=0", "--cpus-per-task=1", f"--output={base}/job.out"]
     script = str(SCRIPTS / "slurm.sbatch")
     env = slurm_env(PROJECT_EXIT_DIR=str(base))
-    job = slurm_hosts.run("sbatch", "--wait", *options, script, *fit_args(base / "run"), env=env, cwd=REPO, timeout=300)
+    submitted = slurm_hosts.run("sbatch", "--parsable", *options, script, *fit_args(base / "run"), env=env, cwd=REPO)
+    assert submitted.returncode == 0, submitted.stderr
+    state = slurm_hosts.wait(submitted.stdout.strip())
     output = (base / "job.out").read_text() if (base / "job.out").exists() else ""
-    assert job.returncode == 0, f"{job.stdout}{job.stderr}\n{output[-4000:]}"
+    assert state == "COMPLETED", f"{state}\n{output[-4000:]}"
     return base / "run", output
 
 

@@ -344,9 +344,13 @@ def test_the_rendered_project_is_a_git_repository_with_everything_in_one_commit(
 
 
 # Tests of the rendered project that name its package but are not run again there, for their cost (this suite runs
-# them here): they name it only in `-m my_vision_lab` command lines, which the two-process fit below proves. Its whole
-# suite, by hand: docs/development.md. Tests marked slurm never run there: they need the local cluster.
+# them here): they name it in `-m my_vision_lab` command lines, class paths and the `[my_vision_lab]` prefix of its
+# messages, which the two-process fit, the config and the second Ctrl-C tests prove there. Its whole suite, by hand:
+# docs/development.md. Tests marked slurm never run there: they need the local cluster.
 NOT_RERUN = {
+    "tests/test_disk_full.py::test_a_run_that_fills_its_disk_exits_4_on_one_screen_and_resumes_once_space_is_freed",
+    "tests/test_faults.py::test_ctrl_c_stops_every_rank_at_one_step_saves_it_and_the_printed_command_resumes_exactly",
+    "tests/test_speed_switches.py::test_channels_last_cnn_reaches_the_target_and_keeps_its_layout",
     "tests/test_doctor.py::test_srun_tasks_get_their_ranks_from_slurm_and_the_debug_switch_reaches_torch",
     "tests/test_doctor.py::test_missing_or_unreachable_peers_fail_within_the_timeout",
     "tests/test_faults.py::test_torchrun_restarts_a_rank_killed_twice_and_the_run_resumes_itself_to_the_same_weights",
