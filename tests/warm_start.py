@@ -54,9 +54,11 @@ class WarmRun:
 class WarmServer:
     """The client side: starts the server on first use (its imports take a start-up's time once)."""
 
-    def __init__(self, env: dict[str, str]) -> None:
+    def __init__(self, env: dict[str, str], command: list[str] | None = None) -> None:
+        """COMMAND starts the server (default: this interpreter running this file); another host's namespaces wrap
+        it there (tests/test_network_faults.py), and every run it forks is on that host."""
         self.process = subprocess.Popen(
-            [sys.executable, str(SERVER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True
+            command or [sys.executable, str(SERVER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True
         )
 
     def _ask(self, request: dict) -> dict:
