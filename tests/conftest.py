@@ -57,7 +57,7 @@ def process_guard(item: pytest.Item) -> contextlib.AbstractContextManager:
     return contextlib.nullcontext() if item.get_closest_marker("slow") else no_child_processes(item.nodeid)
 
 
-# The longest files first (their share of the suite in its last runs): xdist hands whole files to its 2 workers
+# The longest files first (their share of the suite in its last runs): xdist hands whole files to its workers
 # (--dist loadfile) in collection order, and a long file started late is the suite's tail on one worker.
 LONGEST_FIRST = (
     "test_slurm.py",
