@@ -45,6 +45,8 @@ def servers(hosts: Hosts) -> Iterator[list[WarmServer]]:
     """A warm-start server on each host (tests/warm_start.py): each run is forked there, in the host's namespaces,
     without an interpreter's seconds of imports (about 20 processes in this file)."""
     started = [WarmServer(project_env(), host.command([sys.executable, str(SERVER)])) for host in hosts.hosts]
+    for server in started:
+        server.ready()  # the first test's bound is not the servers' imports (40 s on a busy machine in a CI run)
     yield started
     for server in started:
         server.close()

@@ -9,7 +9,8 @@ Its local ranks are forked in turn (project/runtime/launcher.py). What only a fr
 command, the program name, the launchers' own scripts) stays tested with real ``python -m project`` runs.
 
 Protocol, one JSON line each way: ``{"start": {argv, cwd, env, stdout, stderr}}`` -> ``{"pid"}``;
-``{"wait": pid, "timeout": s}`` -> ``{"returncode"}`` or ``{"timeout": true}``.
+``{"wait": pid, "timeout": s}`` -> ``{"returncode"}`` or ``{"timeout": true}``; ``{"ready": true}`` -> ``{}`` once
+the imports are done.
 """
 
 import contextlib
@@ -75,6 +76,10 @@ class WarmServer:
         request = {"argv": argv, "cwd": str(cwd), "env": env, "stdout": str(stdout), "stderr": str(stderr)}
         return WarmRun(self, self._ask({"start": request})["pid"], argv, stdout, stderr)
 
+    def ready(self) -> None:
+        """Returns once the server has imported the project: a test that times its runs does not time that."""
+        self._ask({"ready": True})
+
     def wait(self, pid: int, timeout: float) -> int:
         reply = self._ask({"wait": pid, "timeout": timeout})
         if reply.get("timeout"):
@@ -107,6 +112,8 @@ def serve() -> None:
             if pid == 0:
                 run(request["start"])  # never returns: the child exits as Python does
             reply = {"pid": pid}
+        elif "ready" in request:
+            reply = {}
         else:
             reply = wait(request["wait"], request["timeout"])
         print(json.dumps(reply), flush=True)
