@@ -4,6 +4,7 @@ nothing lost.
 Failures are injected by ``fault_injection.FailAt`` (tests/ is put on the children's PYTHONPATH).
 """
 
+import contextlib
 import json
 import os
 import re
@@ -19,6 +20,7 @@ from typing import NamedTuple
 
 import pytest
 import torch
+import torch.distributed as dist
 from fault_injection import FailAt
 from helpers import (
     REPO,
@@ -47,7 +49,7 @@ from project.exit_codes import (
 )
 from project.runs.folders import resume_command
 from project.runtime.early_interrupt import EarlyInterrupt
-from project.runtime.faults import FailFast
+from project.runtime.faults import FailFast, Heartbeat, pid_space
 from project.runtime.nan_guard import NaNGuard
 from project.runtime.preemption import PreemptionCheck, requeue_slurm_job
 from project.runtime.throughput import Throughput
@@ -363,29 +365,69 @@ def test_training_makes_no_per_step_collective(tmp_path, periodic):
 
 
 @pytest.mark.slow
-def test_torchrun_restarts_a_rank_killed_twice_and_the_run_resumes_itself_to_the_same_weights(uninterrupted, tmp_path):
+def test_a_hung_rank_is_killed_by_its_peers_on_its_machine_only():
+    """Ranks 1 and 2 stopped beating (their beats 10 s old); rank 1's pid is on this machine, rank 2's beat names
+    another (its pid here belongs to an unrelated process, which must survive); rank 0 beats."""
+    hung, unrelated = (subprocess.Popen(["sleep", "60"]) for _ in range(2))
+    try:
+        heartbeat, now = Heartbeat(), time.time()
+        heartbeat._store = dist.HashStore()
+        heartbeat._store.set("0", f"20 {now} {pid_space()} {os.getpid()}")
+        heartbeat._store.set("1", f"18 {now - 10} {pid_space()} {hung.pid}")
+        heartbeat._store.set("2", f"18 {now - 10} another-machine:1 {unrelated.pid}")
+        assert heartbeat.kill_stopped_ranks_here(3) == [f"rank 1 (pid {hung.pid}, on this machine) killed: it hung"]
+        assert hung.wait(timeout=10) == -signal.SIGKILL
+        assert unrelated.poll() is None
+        assert heartbeat.suspects(3)[:2] == [
+            "rank 1 stopped: its last heartbeat was at step 18, 10 s ago",
+            "rank 2 stopped: its last heartbeat was at step 18, 10 s ago",
+        ]
+    finally:
+        for process in (hung, unrelated):
+            process.kill()
+            process.wait()
+
+
+@pytest.mark.slow
+def test_torchrun_restarts_a_rank_killed_then_hung_and_resumes_to_the_same_weights(uninterrupted, tmp_path):
     """scripts/torchrun.sh (2 workers, MAX_RESTARTS=2) with `--ckpt_path auto`: rank 1 is SIGKILLed at step 13, then
-    again at step 18 of the restarted attempt; torchrun restarts both ranks each time, which resume from the newest
-    checkpoint (every 4 steps) by themselves: the uninterrupted run's weights and logs, in one run folder."""
+    SIGSTOPped (a hang) at step 18 of the restarted attempt; torchrun restarts both ranks each time, which resume from
+    the newest checkpoint (every 4 steps) by themselves: the uninterrupted run's weights and logs, in one run folder.
+    Rank 0 names the hung rank at the 10 s timeout and kills it: torchrun would give a stopped process 30 s to act on
+    its SIGTERM before restarting anything."""
     root = tmp_path / "run"
     args = quick_args(root, *RESUMABLE, "--ckpt_path", "auto", "--checkpoint.every_n_train_steps", "4")
-    for attempt, step in enumerate((13, 18)):
-        args += [*fail_at(step, 1, "sigkill"), "--trainer.callbacks.attempt", str(attempt)]
+    for attempt, (step, action) in enumerate(((13, "sigkill"), (18, "sigstop"))):
+        args += [*fail_at(step, 1, action), "--trainer.callbacks.attempt", str(attempt)]
+    args += ["--trainer.strategy.init_args.timeout", "0:00:10"]
     env = project_env(PYTHONPATH=TESTS, DEVICES="2", MAX_RESTARTS="2", MASTER_PORT=str(free_port()))
     env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"  # the launcher calls torchrun
-    result = subprocess.run(
+    launcher = subprocess.Popen(
         ["bash", str(REPO / "scripts" / "torchrun.sh"), *args],
         cwd=REPO,
         env=env,
-        capture_output=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=300,
+        start_new_session=True,
     )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "--ckpt_path auto: no checkpoint to resume, starting a new run" in result.stderr
-    assert f"[project] resuming from {last_checkpoint(root)}" in result.stderr  # the restarts, in the same run
+    lines = []  # (seconds, line) as they come
+    try:
+        for line in launcher.stderr:
+            lines.append((time.monotonic(), line))
+        assert launcher.wait(timeout=300) == 0, "".join(line for _, line in lines)[-3000:]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(launcher.pid, signal.SIGKILL)
+    stderr = "".join(line for _, line in lines)
+    assert "--ckpt_path auto: no checkpoint to resume, starting a new run" in stderr
+    assert f"[project] resuming from {last_checkpoint(root)}" in stderr  # the restarts, in the same run
     restarts = (root / "lightning_logs" / "version_0" / "restarts.txt").read_text().splitlines()
     assert [line.split(":")[0] for line in restarts] == ["torchrun restart 1", "torchrun restart 2"]
+    assert restarts[1].startswith("torchrun restart 2: rank 1 stopped: its last heartbeat was at step "), restarts
+    killed_at = next(at for at, line in lines if re.search(r"rank 0: rank 1 \(pid \d+, on this machine\) killed", line))
+    resumed_at = next(at for at, line in lines if at > killed_at and "[project] resuming from" in line)
+    assert resumed_at - killed_at < 30, stderr[-3000:]  # no wait for the launcher's grace (30 s)
     assert_same_end(uninterrupted, root)
 
 

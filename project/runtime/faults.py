@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -86,6 +86,8 @@ class FailFast(Callback):
         if isinstance(exception, torch.distributed.DistError):
             report(f"rank {trainer.global_rank}: {DIST_HINT}")
         suspects = self.heartbeat.suspects(trainer.world_size) if trainer.world_size > 1 else []
+        if suspects:
+            suspects += self.heartbeat.kill_stopped_ranks_here(trainer.world_size)
         for line in suspects:
             report(f"rank {trainer.global_rank}: {line}")
         self.heartbeat.stop()
@@ -132,9 +134,11 @@ class Heartbeat:
     ``INTERVAL_S``; what the other ranks read when a collective times out, to name the rank that stopped.
 
     A rank that hangs without dying (SIGSTOP, a dead node, a deadlock outside Python) stops beating; the ranks that
-    wait for it in a collective fail at the process-group timeout, and then name it. Each running rank also prints
-    every thread's stack (``faulthandler``) once when its own steps stall for ``STALL_DUMP_FRACTION`` of the timeout:
-    where it waits. (On NCCL, torch's Flight Recorder records the collectives: ``TORCH_NCCL_DUMP_ON_TIMEOUT=1``.)
+    wait for it in a collective fail at the process-group timeout, then name it, and kill it where it runs on their
+    machine: the launcher would wait 30 s for it to act on its SIGTERM (torchrun's grace, SLURM's KillWait). Each
+    running rank also prints every thread's stack (``faulthandler``) once when its own steps stall for
+    ``STALL_DUMP_FRACTION`` of the timeout: where it waits. (On NCCL, torch's Flight Recorder records the
+    collectives: ``TORCH_NCCL_DUMP_ON_TIMEOUT=1``.)
     """
 
     INTERVAL_S = 2.0
@@ -143,6 +147,7 @@ class Heartbeat:
 
     def __init__(self) -> None:
         self.step, self.progress_at = 0, time.monotonic()
+        self._me = ""  # this rank's pid_space() and pid, beside each beat
         self._store: dist.Store | None = None
         self._stopped: threading.Event | None = None  # made at start: callbacks are deep-copied before (EMA)
 
@@ -154,12 +159,16 @@ class Heartbeat:
             os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timedelta(seconds=10)
         )
         self._store = dist.PrefixStore("project/heartbeat", store)
-        self._store.set(str(trainer.global_rank), f"{trainer.global_step} {time.time()}")  # the first beat, at once
+        self.step, self._me = trainer.global_step, f"{pid_space()} {os.getpid()}"
+        self._store.set(str(trainer.global_rank), self._beat_value())  # the first beat, at once
         self._stopped = threading.Event()
         self.progress_at = time.monotonic()
         stall_s = timeout.total_seconds() * self.STALL_DUMP_FRACTION
         thread = threading.Thread(target=self._beat, args=(trainer.global_rank, stall_s), daemon=True)
         thread.start()
+
+    def _beat_value(self) -> str:
+        return f"{self.step} {time.time()} {self._me}"
 
     def progressed(self, step: int) -> None:
         self.step, self.progress_at = step, time.monotonic()
@@ -172,7 +181,7 @@ class Heartbeat:
         dumped_at = None
         while not self._stopped.wait(self.INTERVAL_S):
             with contextlib.suppress(RuntimeError):  # the store's host does not answer: what suspects() reports
-                self._store.set(str(rank), f"{self.step} {time.time()}")
+                self._store.set(str(rank), self._beat_value())
             stalled = time.monotonic() - self.progress_at
             if stalled > stall_s and dumped_at != self.progress_at:
                 dumped_at = self.progress_at
@@ -183,33 +192,73 @@ class Heartbeat:
         """Lines naming the ranks that stopped beating, with their last step."""
         if self._store is None:
             return []
-        now, beats, silent = time.time(), {}, []
-        for rank in range(world_size):
-            try:
-                if not self._store.check([str(rank)]):  # never beat
-                    silent.append(rank)
-                    continue
-                step, at = self._store.get(str(rank)).decode().split()
-            except RuntimeError:  # the store is gone with its host
-                silent.append(rank)
-                continue
-            beats[rank] = (int(step), now - float(at))
+        beats, silent = self._read(world_size)
         if not beats:
             return ["no rank's heartbeat could be read: the store's host (rank 0) has stopped or is gone"]
-        stopped = [rank for rank, (_, age) in beats.items() if age > self.STALE_AFTER_S] + silent
+        stopped = self._stopped_ranks(beats) + silent
         if not stopped:  # every rank still runs: the failure is not a hang
             return []
         lines = [
-            f"rank {rank} stopped: its last heartbeat was at step {beats[rank][0]}, {beats[rank][1]:.0f} s ago"
+            f"rank {rank} stopped: its last heartbeat was at step {beats[rank].step}, {beats[rank].age:.0f} s ago"
             if rank in beats
             else f"rank {rank} stopped: no heartbeat from it"
             for rank in sorted(stopped)
         ]
         running = sorted(set(beats) - set(stopped))
         if running:
-            steps = ", ".join(f"{rank} at step {beats[rank][0]}" for rank in running)
+            steps = ", ".join(f"{rank} at step {beats[rank].step}" for rank in running)
             lines.append(f"ranks still running: {steps}")
         return lines
+
+    def kill_stopped_ranks_here(self, world_size: int) -> list[str]:
+        """SIGKILLs the stopped ranks that run on this machine (their pids mean the same processes here); lines saying
+        which. A hung process does not act on the launcher's SIGTERM: torchrun and srun wait 30 s (SLURM's KillWait)
+        before their SIGKILL, and only then restart the run."""
+        if self._store is None:
+            return []
+        beats, _ = self._read(world_size)
+        lines = []
+        for rank in self._stopped_ranks(beats):
+            if beats[rank].pid_space == pid_space() != "":
+                with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
+                    os.kill(beats[rank].pid, signal.SIGKILL)
+                    lines.append(f"rank {rank} (pid {beats[rank].pid}, on this machine) killed: it hung")
+        return lines
+
+    def _read(self, world_size: int) -> tuple[dict[int, "Beat"], list[int]]:
+        """Each rank's last beat, and the ranks that never beat or whose beat cannot be read."""
+        now, beats, silent = time.time(), {}, []
+        for rank in range(world_size):
+            try:
+                if not self._store.check([str(rank)]):  # never beat
+                    silent.append(rank)
+                    continue
+                step, at, space, pid = self._store.get(str(rank)).decode().split(" ")
+            except RuntimeError:  # the store is gone with its host
+                silent.append(rank)
+                continue
+            beats[rank] = Beat(int(step), now - float(at), space, int(pid))
+        return beats, silent
+
+    def _stopped_ranks(self, beats: dict[int, "Beat"]) -> list[int]:
+        return [rank for rank, beat in beats.items() if beat.age > self.STALE_AFTER_S]
+
+
+class Beat(NamedTuple):
+    step: int
+    age: float  # seconds since it was written
+    pid_space: str  # where its pid names the rank's process: see pid_space()
+    pid: int
+
+
+def pid_space() -> str:
+    """This machine's boot and this process's PID namespace: ranks with the same value see each other's pids (other
+    nodes, or containers of one machine, do not). Empty where /proc cannot tell."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as file:
+            return f"{file.read().strip()}:{os.stat('/proc/self/ns/pid').st_ino}"
+    except OSError:
+        return ""
 
 
 def wait_until(condition: Callable[[], bool], timeout: float = 2.0) -> bool:
