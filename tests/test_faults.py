@@ -366,24 +366,27 @@ def test_training_makes_no_per_step_collective(tmp_path, periodic):
 
 @pytest.mark.slow
 def test_a_hung_rank_is_killed_by_its_peers_on_its_machine_only():
-    """Ranks 1 and 2 stopped beating (their beats 10 s old); rank 1's pid is on this machine, rank 2's beat names
-    another (its pid here belongs to an unrelated process, which must survive); rank 0 beats."""
-    hung, unrelated = (subprocess.Popen(["sleep", "60"]) for _ in range(2))
+    """Ranks 1, 2 and 3 stopped beating (their beats 10 s old); rank 1's pid is on this machine, rank 2's beat names
+    another (its pid here belongs to an unrelated process, which must survive), rank 3 crashed (a zombie: not said to
+    be killed); rank 0 beats."""
+    hung, unrelated, ended = (subprocess.Popen(["sleep", seconds]) for seconds in ("60", "60", "0"))
     try:
         heartbeat, now = Heartbeat(), time.time()
         heartbeat._store = dist.HashStore()
         heartbeat._store.set("0", f"20 {now} {pid_space()} {os.getpid()}")
         heartbeat._store.set("1", f"18 {now - 10} {pid_space()} {hung.pid}")
         heartbeat._store.set("2", f"18 {now - 10} another-machine:1 {unrelated.pid}")
-        assert heartbeat.kill_stopped_ranks_here(3) == [f"rank 1 (pid {hung.pid}, on this machine) killed: it hung"]
+        heartbeat._store.set("3", f"18 {now - 10} {pid_space()} {ended.pid}")
+        time.sleep(0.5)  # sleep 0 has ended, and is not reaped yet
+        assert heartbeat.kill_stopped_ranks_here(4) == [f"rank 1 (pid {hung.pid}, on this machine) killed: it hung"]
         assert hung.wait(timeout=10) == -signal.SIGKILL
         assert unrelated.poll() is None
-        assert heartbeat.suspects(3)[:2] == [
-            "rank 1 stopped: its last heartbeat was at step 18, 10 s ago",
-            "rank 2 stopped: its last heartbeat was at step 18, 10 s ago",
+        assert [line.partition(",")[0] for line in heartbeat.suspects(4)] == [
+            *(f"rank {rank} stopped: its last heartbeat was at step 18" for rank in (1, 2, 3)),
+            "ranks still running: 0 at step 20",
         ]
     finally:
-        for process in (hung, unrelated):
+        for process in (hung, unrelated, ended):
             process.kill()
             process.wait()
 

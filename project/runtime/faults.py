@@ -219,7 +219,7 @@ class Heartbeat:
         beats, _ = self._read(world_size)
         lines = []
         for rank in self._stopped_ranks(beats):
-            if beats[rank].pid_space == pid_space() != "":
+            if beats[rank].pid_space == pid_space() != "" and is_alive(beats[rank].pid):
                 with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
                     os.kill(beats[rank].pid, signal.SIGKILL)
                     lines.append(f"rank {rank} (pid {beats[rank].pid}, on this machine) killed: it hung")
@@ -249,6 +249,15 @@ class Beat(NamedTuple):
     age: float  # seconds since it was written
     pid_space: str  # where its pid names the rank's process: see pid_space()
     pid: int
+
+
+def is_alive(pid: int) -> bool:
+    """Whether PID is a process that has not ended (a crashed rank its launcher has not reaped yet is a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat") as file:
+            return file.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def pid_space() -> str:
