@@ -49,7 +49,7 @@ from project.exit_codes import (
 )
 from project.runs.folders import resume_command
 from project.runtime.early_interrupt import EarlyInterrupt
-from project.runtime.faults import FailFast, Heartbeat, pid_space
+from project.runtime.faults import FailFast, Heartbeat, is_alive, pid_space, wait_until
 from project.runtime.nan_guard import NaNGuard
 from project.runtime.preemption import PreemptionCheck, requeue_slurm_job
 from project.runtime.throughput import Throughput
@@ -377,7 +377,7 @@ def test_a_hung_rank_is_killed_by_its_peers_on_its_machine_only():
         heartbeat._store.set("1", f"18 {now - 10} {pid_space()} {hung.pid}")
         heartbeat._store.set("2", f"18 {now - 10} another-machine:1 {unrelated.pid}")
         heartbeat._store.set("3", f"18 {now - 10} {pid_space()} {ended.pid}")
-        time.sleep(0.5)  # sleep 0 has ended, and is not reaped yet
+        assert wait_until(lambda: not is_alive(ended.pid), timeout=10)  # sleep 0 has ended, and is not reaped yet
         assert heartbeat.kill_stopped_ranks_here(4) == [f"rank 1 (pid {hung.pid}, on this machine) killed: it hung"]
         assert hung.wait(timeout=10) == -signal.SIGKILL
         assert unrelated.poll() is None

@@ -217,9 +217,9 @@ class Heartbeat:
         if self._store is None:
             return []
         beats, _ = self._read(world_size)
-        lines = []
+        here, lines = pid_space(), []
         for rank in self._stopped_ranks(beats):
-            if beats[rank].pid_space == pid_space() != "" and is_alive(beats[rank].pid):
+            if beats[rank].pid_space == here != "" and is_alive(beats[rank].pid):
                 with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
                     os.kill(beats[rank].pid, signal.SIGKILL)
                     lines.append(f"rank {rank} (pid {beats[rank].pid}, on this machine) killed: it hung")
