@@ -28,8 +28,6 @@ def main(args: list[str] | None = None) -> None:
     command = argv[0] if argv[:1] and argv[0] in COMMANDS else None
     if command is None:  # Lightning's commands; the template's own handle Ctrl-C themselves
         EarlyInterrupt.catch()
-    import torch.distributed as dist
-
     from project import exit_codes
     from project.cli import build_cli
     from project.commands.doctor import apply_debug_switch
@@ -37,6 +35,7 @@ def main(args: list[str] | None = None) -> None:
     from project.runs import restarts
     from project.runs.folders import program_name
     from project.runtime.known_noise import silence_known_noise
+    from project.runtime.process_exit import destroy_process_group
     from project.runtime.rendezvous import StartupFailed
 
     apply_debug_switch()
@@ -65,11 +64,21 @@ def main(args: list[str] | None = None) -> None:
         raise
     finally:
         EarlyInterrupt.disarm()
-        # torch asks every process to destroy its group before exiting; Lightning does so only for NCCL. Left to the
-        # interpreter's exit, gloo's threads can abort it (pytorch/pytorch#190489).
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        destroy_process_group()
+
+
+def run() -> None:
+    """The process's entry point (``python -m project``, the ``project`` script): ``main``, then the
+    process's end (runtime/process_exit.py: after a process group, without the interpreter's finalization)."""
+    stop = SystemExit(0)
+    try:
+        main()
+    except SystemExit as raised:
+        stop = raised
+    from project.runtime import process_exit
+
+    process_exit.end(stop)
 
 
 if __name__ == "__main__":
-    main()
+    run()

@@ -82,7 +82,7 @@ def test_pyproject_takes_the_new_names_and_quotes_them_safely():
     assert rendered["project"]["name"] == "my_vision_lab"
     assert rendered["project"]["description"] == CONTEXT["description"]
     assert rendered["project"]["authors"] == [{"name": CONTEXT["author"]}]
-    assert rendered["project"]["scripts"] == {"my_vision_lab": "my_vision_lab.__main__:main"}
+    assert rendered["project"]["scripts"] == {"my_vision_lab": "my_vision_lab.__main__:run"}
     assert rendered["tool"]["setuptools"]["packages"]["find"]["include"] == ["my_vision_lab*"]
 
 

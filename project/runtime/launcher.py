@@ -25,7 +25,7 @@ import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from project import lightning_internals as internals
-from project.runtime import faults, rendezvous
+from project.runtime import faults, process_exit, rendezvous
 
 
 class ForkedRank:
@@ -98,15 +98,14 @@ class ForkLauncher(internals.ScriptLauncher):
         try:  # as in rank 0: Lightning's handling (callbacks' on_exception, teardown), then this launcher's again
             internals.run_as_trainer(trainer, function, *args, **kwargs)  # LOCAL_RANK is set: no launch
         except SystemExit as stop:
-            code = stop.code if isinstance(stop.code, int) else int(stop.code is not None)
+            code = process_exit.exit_code(stop)
         except rendezvous.StartupFailed as error:  # reported by local rank 0
             code = error.exit_code
         except BaseException:
             sys.excepthook(*sys.exc_info())  # as an uncaught exception ends a process
             code = 1
         finally:
-            sys.stdout.flush(), sys.stderr.flush()
-            os._exit(code)
+            process_exit.exit_now(code)
 
 
 @contextmanager
