@@ -21,6 +21,7 @@ from typing import Any
 from lightning.pytorch import Callback, LightningModule, Trainer
 
 from benchmarks.first_step import REPO
+from project.runs.folders import restart_count
 
 TIMELINE = "RECOVERY_TIMELINE"  # a file each rank appends "attempt rank phase time" to
 FAULT_STEP = 30
@@ -46,7 +47,7 @@ class Timeline(Callback):
     FAULT at step ``FAULT_STEP`` (``sigkill``: a crash; ``sigstop``: a hang)."""
 
     def __init__(self, fault: str = "sigkill") -> None:
-        self.fault, self.attempt = fault, int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        self.fault, self.attempt = fault, restart_count()
         self.first_step_done, self.built = False, time.time()
 
     def record(self, rank: int, phase: str, when: float | None = None) -> None:

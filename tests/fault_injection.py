@@ -13,6 +13,8 @@ from typing import Literal
 import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
 
+from project.runs.folders import restart_count
+
 
 class FailAt(Callback):
     """At the end of training step ``step`` (global step), rank ``rank`` raises, or sends itself SIGKILL, SIGTERM or
@@ -35,7 +37,7 @@ class FailAt(Callback):
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: object) -> None:
         if trainer.global_step != self.step or self.rank not in (-1, trainer.global_rank):
             return
-        if self.attempt is not None and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) != self.attempt:
+        if self.attempt is not None and restart_count() != self.attempt:
             return
         if self.action in ("sigkill", "sigterm", "sigstop"):
             os.kill(os.getpid(), getattr(signal, self.action.upper()))
