@@ -4,7 +4,10 @@ import sys
 
 
 def report(message: str) -> None:
-    print(f"[project] {message}", file=sys.stderr, flush=True)
+    # One write with its newline: print writes the newline apart, and another rank's line, written to the same pipe
+    # in between, ended up inside this one (a CI run parsed "resume with: ..." with rank 1's line on its end).
+    sys.stderr.write(f"[project] {message}\n")
+    sys.stderr.flush()
 
 
 def first_line(error: BaseException) -> str:
