@@ -85,7 +85,7 @@ def quiet_preemption_check(cli: ProjectCLI) -> None:
 def no_training_metrics(cli: ProjectCLI) -> None:
     """No training loss or accuracy: neither their per-step updates nor their epoch-end sync and logging."""
     model = cli.model
-    model.losses["train_loss"].update = model.metrics["train_metrics"].update = lambda *args: None
+    model.updates["train"].add = lambda *args: None
     model.on_train_epoch_end = lambda: None
 
 
@@ -143,7 +143,7 @@ def work(args: argparse.Namespace) -> None:
     """One rank's rounds (every rank runs the same fits in the same order); rank 0 writes the times."""
     os.chdir(REPO)  # the benchmark's flags name configs/ relative to it
     sys.argv = sys.argv[:1]  # the CLI reads its arguments from fit(), not from this command line
-    names = [*SIDES, *(part.name for part in PARTS)]
+    names = [*SIDES, *(part.name for part in parts(args))]
     times: dict[str, list[float]] = {name: [] for name in names}
     for round_ in range(args.rounds):
         turn = round_ * len(names) // args.rounds  # each round starts elsewhere: no fit always follows the same one
@@ -161,7 +161,7 @@ def run_ranks(nprocs: int, args: argparse.Namespace, workdir: Path) -> dict[str,
     output = workdir / f"times-{nprocs}p.json"
     command = [sys.executable, "-m", "benchmarks.ledger", "--worker", "--nprocs", str(nprocs)]
     command += ["--steps", str(args.steps), "--rounds", str(args.rounds), "--output", str(output)]
-    command += ["--workdir", str(workdir / f"{nprocs}p")]
+    command += ["--workdir", str(workdir / f"{nprocs}p")] + (["--sides-only"] if args.sides_only else [])
     log_path = workdir / f"{nprocs}p.log"
     with open(log_path, "w") as log:
         procs = [
@@ -176,17 +176,27 @@ def run_ranks(nprocs: int, args: argparse.Namespace, workdir: Path) -> dict[str,
     return json.loads(output.read_text())
 
 
-def summary(times: dict[str, list[float]]) -> dict[str, float]:
-    """Microseconds per step of each side (medians), and of each part (medians of each round's paired difference)."""
+def parts(args: argparse.Namespace) -> tuple[Part, ...]:
+    return () if args.sides_only else PARTS
+
+
+def summary(times: dict[str, list[float]], args: argparse.Namespace) -> dict[str, float]:
+    """Microseconds per step of each side (medians), the template's speed against the others' (medians of each
+    round's ratio: a shared machine's speed drifts between rounds more than between neighbouring fits), and each
+    part's microseconds (medians of each round's paired difference)."""
     found = {side: statistics.median(times[side]) * 1e6 for side in SIDES}
-    for part in PARTS:
+    for side in ("bare", "peer"):
+        found[f"template / {side}"] = statistics.median(
+            other / ours for ours, other in zip(times["template"], times[side], strict=True)
+        )
+    for part in parts(args):
         pairs = zip(times["template"], times[part.name], strict=True)
         differences = ((ours - other if part.off else other - ours) * 1e6 for ours, other in pairs)
         found[part.name] = statistics.median(differences)
     return found
 
 
-def table(results: dict[int, dict[str, float]], command: str) -> str:
+def table(results: dict[int, dict[str, float]], command: str, args: argparse.Namespace) -> str:
     counts = sorted(results)
     head = "| per step | " + " | ".join(f"{n} process{'es' if n > 1 else ''}" for n in counts) + " |"
     lines = [f"`{command}`", "", head, "| --- |" + " --- |" * len(counts)]
@@ -197,10 +207,10 @@ def table(results: dict[int, dict[str, float]], command: str) -> str:
     row("bare Lightning, µs", lambda r: f"{r['bare']:.0f}")
     row("peer pattern (torchmetrics, `self.log` every step), µs", lambda r: f"{r['peer']:.0f}")
     row("template, every default on, µs", lambda r: f"{r['template']:.0f}")
-    row("template / bare, steps/s", lambda r: f"{r['bare'] / r['template']:.2f}")
-    row("template / peer pattern, steps/s", lambda r: f"{r['peer'] / r['template']:.2f}")
+    row("template / bare, steps/s", lambda r: f"{r['template / bare']:.2f}")
+    row("template / peer pattern, steps/s", lambda r: f"{r['template / peer']:.2f}")
     row("the template's own work (template - bare), µs", lambda r: f"{r['template'] - r['bare']:.0f}")
-    for part in PARTS:
+    for part in parts(args):
         row(f"{part.name}, µs", lambda r, name=part.name: f"{r[name]:.0f}")
     return "\n".join(lines)
 
@@ -217,6 +227,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--nprocs", type=int, nargs="+", default=[1, 2], help="process counts, one ledger each")
     parser.add_argument("--steps", type=int, default=400, help=f"steps per fit, the warm-up's {WARM_UP_STEPS} included")
     parser.add_argument("--rounds", type=int, default=5, help="fits of each side and part (medians)")
+    parser.add_argument("--sides-only", action="store_true", help="bare, peer and template alone: their ratios sooner")
     parser.add_argument("--write", metavar="DOC", help="write the table between the ledger's markers in DOC")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--output", help=argparse.SUPPRESS)
@@ -235,8 +246,8 @@ def main() -> None:
         return
     command = "python -m benchmarks.ledger " + " ".join(sys.argv[1:])
     with tempfile.TemporaryDirectory() as workdir:
-        results = {n: summary(run_ranks(n, args, Path(workdir))) for n in args.nprocs}
-    text = table(results, command)
+        results = {n: summary(run_ranks(n, args, Path(workdir)), args) for n in args.nprocs}
+    text = table(results, command, args)
     print(text)
     if args.write:
         write_into(Path(args.write), text)

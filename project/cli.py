@@ -165,6 +165,7 @@ class ProjectCLI(LightningCLI):
             trainer.strategy.run_facts = folders.flatten(json.dumps(config.as_dict(), default=str))
         internals.install_fork_launcher(trainer, ForkLauncher)
         internals.start_next_epoch_afresh(trainer)
+        internals.skip_idle_callback_hooks(trainer)
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # the default: not one chosen in the config
             trainer.strategy.checkpoint_io = AtomicCheckpointIO()
         bar = trainer.progress_bar_callback

@@ -2,7 +2,8 @@
 
 Metrics are torchmetrics objects declared once (``stage_metrics``), cloned per stage and logged as objects: each
 rank accumulates its own counts and they are summed across ranks once, at epoch end. No per-step collective runs,
-so ranks with uneven evaluation shards never wait on each other.
+so ranks with uneven evaluation shards never wait on each other. Their updates are batched over steps
+(``batched_metrics.py``): torchmetrics' per-call cost is then paid once per window, not once per step.
 """
 
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -15,6 +16,7 @@ from torch import Tensor, nn
 from torchmetrics import MeanMetric, Metric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
+from project.batched_metrics import BatchedUpdates
 from project.schedules import WarmupCosineLR
 
 STAGES = ("train", "val", "test")
@@ -89,6 +91,9 @@ class ClassificationModule(LightningModule):
         # scalar states. nan_strategy "disable": no host sync per step (NaNGuard checks training losses); it also
         # drops `weight` (torchmetrics 1.9), so each sample counts through its own value.
         self.losses = nn.ModuleDict({f"{stage}_loss": MeanMetric(nan_strategy="disable") for stage in STAGES})
+        self.updates = {
+            stage: BatchedUpdates(self.losses[f"{stage}_loss"], self.metrics[f"{stage}_metrics"]) for stage in STAGES
+        }
         self.window_losses: list[Tensor] = []  # the training losses since the loss curve's last point
         for metric in self.modules():
             if isinstance(metric, Metric):  # torchmetrics' constructor argument, for every metric stage_metrics lists
@@ -125,12 +130,11 @@ class ClassificationModule(LightningModule):
         return self(batch[0]).softmax(dim=1)
 
     def _step(self, batch: list[Tensor], stage: str) -> Tensor:
-        """The batch's loss; updates the stage's metrics (with detached values: they hold no graph)."""
+        """The batch's loss; the stage's metrics get its (detached) loss, logits and labels."""
         x, y = batch
         logits = self(x)
         loss = self.loss_fn(logits, y)
-        self.losses[f"{stage}_loss"].update(loss.detach().expand(len(y)))
-        self.metrics[f"{stage}_metrics"].update(logits.detach(), y)
+        self.updates[stage].add(loss, logits, y)
         return loss
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
@@ -156,6 +160,7 @@ class ClassificationModule(LightningModule):
         self._log_epoch_metrics("test")
 
     def _log_epoch_metrics(self, stage: str) -> None:
+        self.updates[stage].flush()
         self.log(f"{stage}_loss", self.losses[f"{stage}_loss"], prog_bar=True)
         self.log_dict(self.metrics[f"{stage}_metrics"], prog_bar=True)
 
