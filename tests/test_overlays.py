@@ -1,7 +1,9 @@
-"""Every overlay under configs/ combines with configs/digits.yaml and with every other overlay, keeping what each adds:
-a list an overlay extends (``callbacks+:``, ``logger+:``, jsonargparse's list append) keeps every item whatever the
-order; a value an overlay chooses (the data set, the strategy, the first logger) is the later overlay's when both
-choose it. Parse only (``--print_config``), in-process: no run."""
+"""Every overlay under configs/ combines with configs/digits.yaml and with every other overlay that sets a key it sets
+(to the second level: ``trainer.logger``, ``data.init_args``), keeping what each adds: a list an overlay extends
+(``callbacks+:``, ``logger+:``, jsonargparse's list append) keeps every item whatever the order; a value an overlay
+chooses (the data set, the strategy, the first logger) is the later overlay's when both choose it. Overlays that set
+disjoint keys merge key by key, which each one with the base config shows. Parse only (``--print_config``),
+in-process: no run."""
 
 import contextlib
 import io
@@ -97,7 +99,21 @@ def ordered(pair: tuple[str, str]) -> tuple[str, str]:
     return (second, first) if appends & set(leaves(load(second))) else pair
 
 
-@pytest.mark.parametrize("pair", [ordered(pair) for pair in itertools.combinations(OVERLAYS, 2)], ids="+".join)
+def sections(name: str) -> set[tuple]:
+    """The overlay's keys to the second level (``("trainer", "logger")``), an appended list's as its own."""
+    return {tuple(key.rstrip(APPEND) for key in path[:2]) for path in leaves(load(name))}
+
+
+SHARING = [ordered(pair) for pair in itertools.combinations(OVERLAYS, 2) if sections(pair[0]) & sections(pair[1])]
+
+
+def test_the_overlays_that_share_keys_include_each_kind_of_choice():
+    """The pairs below cover every key two overlays choose: the data set, the strategy, the loggers, the callbacks."""
+    shared = set().union(*(sections(first) & sections(second) for first, second in SHARING))
+    assert {("data", "class_path"), ("trainer", "strategy"), ("trainer", "logger"), ("trainer", "callbacks")} <= shared
+
+
+@pytest.mark.parametrize("pair", SHARING, ids="+".join)
 def test_every_two_overlays_combine_keeping_what_each_adds(capsys, pair):
     first, second = pair
     config = print_config(capsys, first, second)

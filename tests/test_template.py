@@ -343,38 +343,31 @@ def test_the_rendered_project_is_a_git_repository_with_everything_in_one_commit(
     assert "my_vision_lab/cli.py" in committed and "tests/test_template.py" in committed and len(committed) > 100
 
 
-# Tests of the rendered project that name its package but are not run again there, for their cost (this suite runs
-# them here): they name it in `-m my_vision_lab` command lines, class paths and the `[my_vision_lab]` prefix of its
-# messages, which the two-process fit, the config and the second Ctrl-C tests prove there. Its whole suite, by hand:
-# docs/development.md. Tests marked slurm never run there: they need the local cluster.
-NOT_RERUN = {
-    "tests/test_disk_full.py::test_a_run_that_fills_its_disk_exits_4_on_one_screen_and_resumes_once_space_is_freed",
-    "tests/test_faults.py::test_ctrl_c_stops_every_rank_at_one_step_saves_it_and_the_printed_command_resumes_exactly",
-    "tests/test_speed_switches.py::test_channels_last_cnn_reaches_the_target_and_keeps_its_layout",
-    "tests/test_doctor.py::test_srun_tasks_get_their_ranks_from_slurm_and_the_debug_switch_reaches_torch",
-    "tests/test_doctor.py::test_missing_or_unreachable_peers_fail_within_the_timeout",
-    "tests/test_faults.py::test_torchrun_restarts_a_rank_killed_then_hung_and_resumes_to_the_same_weights",
-    "tests/test_faults.py::test_sigterm_to_one_rank_stops_every_rank_at_the_same_step_saves_it_and_resumes_exactly",
-    "tests/test_gpu_check_install.py::test_the_offline_gpu_node_install_gives_a_working_cli",  # a venv, downloads
-    # Hosts of their own (network namespaces) and fits across them: the package's name there is the same argv.
-    "tests/test_multinode.py::test_test_across_hosts_counts_every_sample_once",
-    "tests/test_network_faults.py::test_doctor_across_three_hosts_prints_each_pair_and_the_bandwidth",
-}
+# The rendered project's tests that name its package are run again there: every fast one, and of the slow ones (each
+# starts processes or parses configs; this suite runs them all here) one for each way they name it: `-m my_vision_lab`
+# command lines (the two-process fit), the `[my_vision_lab]` prefix of its messages (the second Ctrl-C) and class
+# paths in configs (the GPU and MNIST overlays). Its whole suite, by hand: docs/development.md. Tests marked slurm
+# never run there: they need the local cluster.
 MULTI_PROCESS_FIT = "tests/test_end_to_end.py::test_ddp_fit_writes_last_checkpoint_after_every_epoch"
+RERUN_SLOW = {
+    MULTI_PROCESS_FIT,
+    "tests/test_faults.py::test_a_second_ctrl_c_stops_every_process_at_once_without_saving",
+    "tests/test_configs.py::test_gpu_overlay_selects_nccl_ddp_on_all_gpus",
+    "tests/test_mnist.py::test_config_overlay_parses_without_torchvision",
+}
 
 
-def package_naming_tests(project_dir: Path, package: str) -> list[str]:
-    """The tests of PROJECT_DIR whose own code names PACKAGE, as pytest node ids."""
-    found = []
+def package_naming_tests(project_dir: Path, package: str) -> dict[str, bool]:
+    """The tests of PROJECT_DIR whose own code names PACKAGE, as pytest node ids, each with whether it is slow."""
+    found = {}
     for path in sorted((project_dir / "tests").glob("test_*.py")):
         source = path.read_text()
-        found += [
-            f"tests/{path.name}::{node.name}"
-            for node in ast.parse(source).body
-            if isinstance(node, ast.FunctionDef)
-            and node.name.startswith("test_")
-            and package in ast.get_source_segment(source, node)
-        ]
+        slow_file = "pytestmark = pytest.mark.slow" in source
+        for node in ast.parse(source).body:
+            named = isinstance(node, ast.FunctionDef) and node.name.startswith("test_")
+            if named and package in ast.get_source_segment(source, node):
+                decorators = [ast.get_source_segment(source, decorator) for decorator in node.decorator_list]
+                found[f"tests/{path.name}::{node.name}"] = slow_file or "pytest.mark.slow" in decorators
     return found
 
 
@@ -387,9 +380,9 @@ def test_rendered_project_installs_and_its_own_tests_that_name_it_and_lint_pass(
     )
     assert located.stdout.strip() == str(project_dir / "my_vision_lab" / "cli.py"), located.stderr
     naming = package_naming_tests(project_dir, "my_vision_lab")
-    assert set(naming) > NOT_RERUN and MULTI_PROCESS_FIT in naming  # the names above are still the tests' names
+    assert all(naming.get(test) for test in RERUN_SLOW)  # the names above are still slow tests' names
     # And test_lock.py: its lock names the package it reads from pyproject.toml.
-    selected = [test for test in naming if test not in NOT_RERUN] + ["tests/test_lock.py"]
+    selected = [test for test, slow in naming.items() if not slow or test in RERUN_SLOW] + ["tests/test_lock.py"]
     # One process: this test already shares the 2 cores with the suite's other worker.
     command = [
         str(venv_python),
