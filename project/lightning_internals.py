@@ -410,8 +410,9 @@ def install_fork_launcher(trainer: Trainer, launcher_class: type) -> None:
 
 # Callback hooks no callback overrides, skipped (cli.py).
 
-# Per trainer: its callbacks when last seen, and whether each hook is idle for them (no callback overrides it).
-_idle_hooks: "weakref.WeakKeyDictionary[Trainer, tuple[list[Callback], dict[str, bool]]]" = weakref.WeakKeyDictionary()
+# Per trainer: its callbacks when last seen (their ids: the callbacks themselves could hold the trainer alive, as a
+# progress bar does), and whether each hook is idle for them (no callback overrides it).
+_idle_hooks: "weakref.WeakKeyDictionary[Trainer, tuple[tuple[int, ...], dict[str, bool]]]" = weakref.WeakKeyDictionary()
 
 
 def skip_idle_callback_hooks(trainer: Trainer) -> None:
@@ -419,7 +420,7 @@ def skip_idle_callback_hooks(trainer: Trainer) -> None:
     context named by the callback's ``state_key``: about 2 µs a call, 6 hooks a training step, of which the
     template's callbacks override 2. TRAINER then skips a hook no callback overrides (unless it profiles)."""
     if has(NO_IDLE_HOOK_CALLS):
-        _idle_hooks[trainer] = ([], {})
+        _idle_hooks[trainer] = ((), {})
         call._call_callback_hooks = _call_unless_idle
 
 
@@ -429,12 +430,12 @@ def _overrides(callback: Callback, hook_name: str) -> bool:
 
 
 def _idle(trainer: Trainer, hook_name: str) -> bool:
-    callbacks, idle = _idle_hooks[trainer]
-    if callbacks != trainer.callbacks:  # the same callbacks: a comparison by identity, at C speed
-        callbacks, idle = list(trainer.callbacks), {}
-        _idle_hooks[trainer] = callbacks, idle
+    seen, idle = _idle_hooks[trainer]
+    if seen != (ids := tuple(map(id, trainer.callbacks))):
+        seen, idle = ids, {}
+        _idle_hooks[trainer] = seen, idle
     if hook_name not in idle:
-        idle[hook_name] = not any(_overrides(callback, hook_name) for callback in callbacks)
+        idle[hook_name] = not any(_overrides(callback, hook_name) for callback in trainer.callbacks)
     return idle[hook_name]
 
 

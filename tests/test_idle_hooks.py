@@ -2,6 +2,7 @@
 overridden ones run as before, every time, and a trainer the template did not build, or one that profiles, is
 Lightning's own."""
 
+import weakref
 from collections import Counter
 
 import pytest
@@ -38,8 +39,11 @@ class CountsBackward(Callback):
         self.calls += 1
 
 
-def fit(monkeypatch: pytest.MonkeyPatch, skip: bool, **trainer_args: object) -> tuple[Counter, list[Callback]]:
-    """Fits Tiny with three callbacks; the hooks Lightning dispatched to the callbacks, counted by name."""
+def fit(
+    monkeypatch: pytest.MonkeyPatch, skip: bool, **trainer_args: object
+) -> tuple[Counter, list[Callback], weakref.ref]:
+    """Fits Tiny with three callbacks (and a progress bar, which holds the trainer); the hooks Lightning dispatched to
+    the callbacks, counted by name, the callbacks, and a weak reference to the trainer."""
     dispatched: Counter = Counter()
     original = internals._call_callback_hooks
 
@@ -56,25 +60,29 @@ def fit(monkeypatch: pytest.MonkeyPatch, skip: bool, **trainer_args: object) -> 
     by_instance.on_after_backward = lambda *args: setattr(by_instance, "calls", by_instance.calls + 1)
     callbacks = [CountsBackward(), by_instance, Callback()]
     trainer = Trainer(
-        max_steps=STEPS, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, callbacks=callbacks, **trainer_args,
+        max_steps=STEPS, logger=False, enable_checkpointing=False, enable_model_summary=False, callbacks=callbacks,
+        **trainer_args,
     )  # fmt: skip
     if skip:
         internals.skip_idle_callback_hooks(trainer)
     trainer.fit(Tiny())
-    return dispatched, callbacks
+    return dispatched, callbacks, weakref.ref(trainer)
 
 
 def test_a_hook_no_callback_overrides_is_skipped_and_every_overridden_one_runs_each_time(monkeypatch):
-    dispatched, (by_class, by_instance, _) = fit(monkeypatch, skip=True)
+    dispatched, callbacks, trainer = fit(monkeypatch, skip=True)
+    by_class, by_instance = callbacks[:2]
     assert by_class.calls == STEPS and by_instance.calls == STEPS  # overridden on the class and on an instance
     assert dispatched["on_before_backward"] == dispatched["on_after_backward"] == STEPS
-    assert dispatched["on_train_batch_start"] == dispatched["on_before_zero_grad"] == 0  # nobody overrides them
+    assert dispatched["on_before_zero_grad"] == dispatched["on_before_optimizer_step"] == 0  # nobody overrides them
+    seen, idle = internals._idle_hooks[trainer()]  # what is kept per trainer: ids and flags, no object that could
+    assert seen == tuple(map(id, trainer().callbacks))  # hold it alive (a progress bar holds its trainer)
+    assert all(type(value) is bool for value in idle.values())
 
 
 @pytest.mark.parametrize("trainer_args", [{}, {"profiler": SimpleProfiler()}], ids=["not-the-templates", "profiling"])
 def test_a_trainer_the_template_did_not_build_or_one_that_profiles_dispatches_every_hook(monkeypatch, trainer_args):
     skip = "profiler" in trainer_args
-    dispatched, (by_class, by_instance, _) = fit(monkeypatch, skip=skip, **trainer_args)
+    dispatched, (by_class, by_instance, *_), _ = fit(monkeypatch, skip=skip, **trainer_args)
     assert by_class.calls == by_instance.calls == STEPS
-    assert dispatched["on_train_batch_start"] == dispatched["on_before_zero_grad"] == STEPS
+    assert dispatched["on_before_optimizer_step"] == dispatched["on_before_zero_grad"] == STEPS
