@@ -25,7 +25,9 @@ class BatchedUpdates:
     def add(self, loss: Tensor, logits: Tensor, labels: Tensor) -> None:
         """Holds one batch: its mean loss (counted once per sample) and its logits and labels."""
         self.held.append((loss.detach().expand(len(labels)), logits.detach(), labels))
-        self.held_elements += logits.numel()
+        # What holding them keeps alive: their whole storage, larger than them when they are a view (a slice of a
+        # network's output).
+        self.held_elements += logits.untyped_storage().nbytes() // logits.element_size()
         if self.held_elements >= MAX_HELD_ELEMENTS:
             self.flush()
 

@@ -36,3 +36,12 @@ def test_a_flush_with_nothing_held_leaves_the_metrics_untouched():
     batched = BatchedUpdates(*metrics())
     batched.flush()
     assert batched.metrics["acc"].update_count == 0 and batched.loss.update_count == 0
+
+
+def test_logits_that_are_a_view_count_their_whole_storage(monkeypatch):
+    monkeypatch.setattr(batched_metrics, "MAX_HELD_ELEMENTS", 100)
+    batched = BatchedUpdates(*metrics())
+    output = torch.randn(4, 10, 5)  # a network's output of 200 elements, of which the logits are a slice
+    logits, labels = output[:, -1], torch.tensor([0, 1, 2, 3])
+    batched.add(torch.tensor(1.0), logits, labels)
+    assert batched.held == []  # 20 logits, but holding them would keep 200 elements alive: updated at once
