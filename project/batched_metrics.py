@@ -14,8 +14,8 @@ MAX_HELD_ELEMENTS = 2**20  # 4 MiB of float32 logits: a small batch's metrics up
 
 
 class BatchedUpdates:
-    """One stage's loss and metrics, updated when ``MAX_HELD_ELEMENTS`` logits are held and when ``flush`` is called
-    (the module does before it logs them: whoever reads the metrics mid-window flushes first)."""
+    """One stage's loss and metrics, updated when the logits held keep ``MAX_HELD_ELEMENTS`` elements alive and when
+    ``flush`` is called (the module does before it logs them: whoever reads the metrics mid-window flushes first)."""
 
     def __init__(self, loss: MeanMetric, metrics: MetricCollection) -> None:
         self.loss, self.metrics = loss, metrics
