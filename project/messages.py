@@ -1,13 +1,19 @@
 """How the template tells the user what happened, from any layer: one line on stderr, an error's first line."""
 
 import sys
+from typing import TextIO
+
+
+def write_line(text: str, stream: TextIO) -> None:
+    """TEXT and its newline in one write, flushed: ranks share one stdout and stderr (a pipe, under srun and
+    torchrun), and print writes the newline apart, so another rank's line written in between ended up inside this
+    one (a CI run parsed "resume with: ..." with rank 1's line on its end)."""
+    stream.write(text + "\n")
+    stream.flush()
 
 
 def report(message: str) -> None:
-    # One write with its newline: print writes the newline apart, and another rank's line, written to the same pipe
-    # in between, ended up inside this one (a CI run parsed "resume with: ..." with rank 1's line on its end).
-    sys.stderr.write(f"[project] {message}\n")
-    sys.stderr.flush()
+    write_line(f"[project] {message}", sys.stderr)
 
 
 def first_line(error: BaseException) -> str:

@@ -33,7 +33,7 @@ from lightning.fabric.plugins.environments import (
 from lightning.fabric.plugins.environments.lightning import find_free_network_port
 
 from project import lightning_internals as internals
-from project.messages import first_line
+from project.messages import first_line, write_line
 from project.runtime import rendezvous
 
 DEBUG_SWITCH = "PROJECT_DIST_DEBUG"
@@ -51,10 +51,7 @@ HINT = (
 
 
 def say(text: str, error: bool = False) -> None:
-    """One write per message: the ranks share one stdout under srun and torchrun, so lines stay whole."""
-    stream = sys.stderr if error else sys.stdout
-    stream.write(text + "\n")
-    stream.flush()
+    write_line(text, sys.stderr if error else sys.stdout)
 
 
 def apply_debug_switch() -> None:
