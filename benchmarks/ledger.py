@@ -143,7 +143,7 @@ def work(args: argparse.Namespace) -> None:
     """One rank's rounds (every rank runs the same fits in the same order); rank 0 writes the times."""
     os.chdir(REPO)  # the benchmark's flags name configs/ relative to it
     sys.argv = sys.argv[:1]  # the CLI reads its arguments from fit(), not from this command line
-    names = [*SIDES, *(part.name for part in parts(args))]
+    names = [*SIDES, *(part.name for part in (() if args.sides_only else PARTS))]
     times: dict[str, list[float]] = {name: [] for name in names}
     for round_ in range(args.rounds):
         turn = round_ * len(names) // args.rounds  # each round starts elsewhere: no fit always follows the same one
@@ -176,11 +176,12 @@ def run_ranks(nprocs: int, args: argparse.Namespace, workdir: Path) -> dict[str,
     return json.loads(output.read_text())
 
 
-def parts(args: argparse.Namespace) -> tuple[Part, ...]:
-    return () if args.sides_only else PARTS
+def measured(found: dict[str, object]) -> list[Part]:
+    """The parts FOUND has figures for: none after ``--sides-only``."""
+    return [part for part in PARTS if part.name in found]
 
 
-def summary(times: dict[str, list[float]], args: argparse.Namespace) -> dict[str, float]:
+def summary(times: dict[str, list[float]]) -> dict[str, float]:
     """Microseconds per step of each side (medians), the template's speed against the others' (medians of each
     round's ratio: a shared machine's speed drifts between rounds more than between neighbouring fits), and each
     part's microseconds (medians of each round's paired difference)."""
@@ -189,14 +190,14 @@ def summary(times: dict[str, list[float]], args: argparse.Namespace) -> dict[str
         found[f"template / {side}"] = statistics.median(
             other / ours for ours, other in zip(times["template"], times[side], strict=True)
         )
-    for part in parts(args):
+    for part in measured(times):
         pairs = zip(times["template"], times[part.name], strict=True)
         differences = ((ours - other if part.off else other - ours) * 1e6 for ours, other in pairs)
         found[part.name] = statistics.median(differences)
     return found
 
 
-def table(results: dict[int, dict[str, float]], command: str, args: argparse.Namespace) -> str:
+def table(results: dict[int, dict[str, float]], command: str) -> str:
     counts = sorted(results)
     head = "| per step | " + " | ".join(f"{n} process{'es' if n > 1 else ''}" for n in counts) + " |"
     lines = [f"`{command}`", "", head, "| --- |" + " --- |" * len(counts)]
@@ -210,7 +211,7 @@ def table(results: dict[int, dict[str, float]], command: str, args: argparse.Nam
     row("template / bare, steps/s", lambda r: f"{r['template / bare']:.2f}")
     row("template / peer pattern, steps/s", lambda r: f"{r['template / peer']:.2f}")
     row("the template's own work (template - bare), µs", lambda r: f"{r['template'] - r['bare']:.0f}")
-    for part in parts(args):
+    for part in measured(results[counts[0]]):
         row(f"{part.name}, µs", lambda r, name=part.name: f"{r[name]:.0f}")
     return "\n".join(lines)
 
@@ -246,8 +247,8 @@ def main() -> None:
         return
     command = "python -m benchmarks.ledger " + " ".join(sys.argv[1:])
     with tempfile.TemporaryDirectory() as workdir:
-        results = {n: summary(run_ranks(n, args, Path(workdir)), args) for n in args.nprocs}
-    text = table(results, command, args)
+        results = {n: summary(run_ranks(n, args, Path(workdir))) for n in args.nprocs}
+    text = table(results, command)
     print(text)
     if args.write:
         write_into(Path(args.write), text)

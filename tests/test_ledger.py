@@ -2,7 +2,6 @@
 the template's fit of the same round, signed as what the part costs, and the template's speed against another side
 the median of the rounds' ratios; the table goes between the markers."""
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -17,19 +16,18 @@ def test_a_part_costs_the_median_of_its_differences_from_the_same_rounds_templat
     times = {"bare": [0.9e-3, 1.9e-3, 0.8e-3], "peer": [3e-3, 3e-3, 3e-3], "template": template}
     for part in ledger.PARTS:  # switched off it saves 20 µs; switched on it costs 30 µs
         times[part.name] = [seconds - 20e-6 if part.off else seconds + 30e-6 for seconds in template]
-    found = ledger.summary(times, argparse.Namespace(sides_only=False))
+    found = ledger.summary(times)
     assert found["template"] == pytest.approx(1100) and found["bare"] == pytest.approx(900)
     assert found["template / bare"] == pytest.approx(0.9)  # the rounds' 0.9, 0.95 and 0.727, not 900 / 1100
     for part in ledger.PARTS:
         assert found[part.name] == pytest.approx(20 if part.off else 30), part.name
-    table = ledger.table({1: found}, "python -m benchmarks.ledger", argparse.Namespace(sides_only=False))
+    table = ledger.table({1: found}, "python -m benchmarks.ledger")
     assert "| template / bare, steps/s | 0.90 |" in table
 
 
 def test_sides_only_gives_the_three_sides_and_their_ratios_and_no_part():
     times = {"bare": [1e-3], "peer": [3e-3], "template": [1.25e-3]}
-    sides_only = argparse.Namespace(sides_only=True)
-    table = ledger.table({1: ledger.summary(times, sides_only)}, "python -m benchmarks.ledger", sides_only)
+    table = ledger.table({1: ledger.summary(times)}, "python -m benchmarks.ledger")
     assert "| template / bare, steps/s | 0.80 |" in table and "| template / peer pattern, steps/s | 2.40 |" in table
     assert not any(part.name in table for part in ledger.PARTS)
 
