@@ -34,6 +34,7 @@ def main(args: list[str] | None = None) -> None:
     from project.lightning_internals import LightningMismatch
     from project.runs import restarts
     from project.runs.folders import program_name
+    from project.runtime import warm_restart
     from project.runtime.known_noise import silence_known_noise
     from project.runtime.process_exit import destroy_process_group
     from project.runtime.rendezvous import StartupFailed
@@ -42,6 +43,8 @@ def main(args: list[str] | None = None) -> None:
     silence_known_noise()
     prog = program_name(sys.argv[0])
     try:
+        if warm_restart.requested(argv):
+            warm_restart.supervise()  # returns in each attempt's rank; the supervisor ends its process
         if command is not None:
             sys.exit(importlib.import_module(COMMANDS[command][0]).main(argv[1:]))
         epilog = "; ".join(f"{name}: {help}" for name, (_, help) in COMMANDS.items())
@@ -75,6 +78,9 @@ def run() -> None:
         main()
     except SystemExit as raised:
         stop = raised
+    except Exception:  # a crash: its traceback as the interpreter prints it, and the same exit code, 1
+        sys.excepthook(*sys.exc_info())
+        stop = SystemExit(1)
     from project.runtime import process_exit
 
     process_exit.end(stop)

@@ -8,11 +8,12 @@
 #
 # The trainer's num_nodes/devices are set from the same variables, after "$@" so that they win over the config.
 #
-# Self-healing: when a worker fails (crashes, is killed, or hangs past the process-group timeout), torchrun restarts
-# every worker of the node, up to MAX_RESTARTS times (default 3); with `--ckpt_path auto` they resume the run from
-# its newest checkpoint. torchrun cannot tell a refusal (exit 2), the NaN guard (exit 3) or a full disk (exit 4)
-# from a crash: those are restarted too, within the budget. Each worker records its outcome in PROJECT_EXIT_FILE
-# (the restart's cause).
+# Self-healing: when a rank fails (crashes, is killed, or hangs past the process-group timeout), every rank is
+# restarted, up to MAX_RESTARTS times (default 3); with `--ckpt_path auto` they resume the run from its newest
+# checkpoint. The restarts are warm: each worker process forks its rank after importing torch and Lightning, and forks
+# it again after a failure (project/runtime/warm_restart.py), so torchrun itself restarts nothing (--max-restarts 0).
+# A refusal (exit 2), the NaN guard (exit 3), a full disk (exit 4), Ctrl-C and SIGTERM end the job. Each rank
+# records its outcome in PROJECT_EXIT_FILE (the restart's cause).
 #
 # Periodic checkpoints: last.ckpt every CHECKPOINT_EVERY of training (H:MM:SS, default 0:30:00), beside the per-epoch
 # ones, written in the background (the training stalls for a copy only): a crash or a lost node loses at most that
@@ -31,7 +32,7 @@ NUM_NODES=${NUM_NODES:-1}
 DEVICES=${DEVICES:-1}
 MAX_RESTARTS=${MAX_RESTARTS:-3}
 if [[ ! $MAX_RESTARTS =~ ^[0-9]+$ ]]; then
-  echo "error: MAX_RESTARTS must be a non-negative integer (torchrun's --max-restarts), got '$MAX_RESTARTS'" >&2
+  echo "error: MAX_RESTARTS must be a non-negative integer (restarts of the run), got '$MAX_RESTARTS'" >&2
   exit 2
 fi
 if [[ $NUM_NODES == 1 ]]; then
@@ -46,7 +47,7 @@ else
   )
 fi
 PROJECT_EXIT_FILE=${PROJECT_EXIT_FILE:-$(mktemp "${TMPDIR:-/tmp}/rank-exits.XXXXXX")}
-export PROJECT_EXIT_FILE
+export PROJECT_EXIT_FILE PROJECT_WARM_RESTARTS=$MAX_RESTARTS
 trap 'rm -f "$PROJECT_EXIT_FILE"' EXIT
-torchrun --nnodes "$NUM_NODES" --nproc-per-node "$DEVICES" "${rendezvous[@]}" --max-restarts "$MAX_RESTARTS" \
+torchrun --nnodes "$NUM_NODES" --nproc-per-node "$DEVICES" "${rendezvous[@]}" --max-restarts 0 \
   -m project fit ${periodic[@]+"${periodic[@]}"} "$@" --trainer.num_nodes "$NUM_NODES" --trainer.devices "$DEVICES"

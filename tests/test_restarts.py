@@ -10,12 +10,15 @@ from helpers import REPO, project_env
 pytestmark = pytest.mark.slow  # every test here runs scripts/slurm.sbatch (bash, a fake srun)
 
 SBATCH_SCRIPT = REPO / "scripts" / "slurm.sbatch"
-# srun's stand-in: step N (0, 1, ...) exits with the Nth of STEP_CODES and records the Nth of STEP_OUTCOMES (a rank's
-# "CODE<TAB>CAUSE" line, "-" for none) in PROJECT_EXIT_FILE; each step's PROJECT_RESTART_COUNT goes to steps.txt.
+# srun's stand-in: step N (0, 1, ...) exits with the Nth of STEP_CODES and records the Nth of STEP_WARM warm restarts
+# (its supervisors' lines), then the Nth of STEP_OUTCOMES (a rank's "CODE<TAB>CAUSE" line, "-" for none) in
+# PROJECT_EXIT_FILE; each step's PROJECT_RESTART_COUNT goes to steps.txt, its PROJECT_WARM_RESTARTS to warm.txt.
 FAKE_SRUN = """#!/usr/bin/env bash
 step=$(wc -l < "$FAKE_DIR/steps.txt" 2>/dev/null || echo 0)
 echo "$PROJECT_RESTART_COUNT" >> "$FAKE_DIR/steps.txt"
-codes=($STEP_CODES) outcomes=($STEP_OUTCOMES)
+echo "$PROJECT_WARM_RESTARTS" >> "$FAKE_DIR/warm.txt"
+codes=($STEP_CODES) outcomes=($STEP_OUTCOMES) warm=($STEP_WARM)
+for ((i = 0; i < ${warm[$step]:-0}; i++)); do printf 'restart\twarm %s\n' "$i" >> "$PROJECT_EXIT_FILE"; done
 outcome=${outcomes[$step]:--}
 [[ $outcome != - ]] && printf '%s\\tcause %s\\n' "$outcome" "$step" >> "$PROJECT_EXIT_FILE"
 exit "${codes[$step]:-0}"
@@ -63,6 +66,14 @@ def test_a_spent_budget_stops_the_job_saying_how_to_resume_by_hand(tmp_path):
     assert done.returncode == 1 and steps == ["0", "1"]
     assert "the restart budget is spent (MAX_RESTARTS=1 restarts in this allocation)" in done.stderr
     assert "Resume by hand: sbatch scripts/slurm.sbatch --config x.yaml --ckpt_path last" in done.stderr
+
+
+def test_warm_restarts_count_against_the_budget_and_the_cause_is_the_last_failures(tmp_path):
+    done, steps = run_loop(tmp_path, "1 1", "1 -", STEP_WARM="2")  # 2 warm restarts, then a failure in the step
+    assert done.returncode == 1 and steps == ["0", "3"]
+    assert (tmp_path / "warm.txt").read_text().split() == ["3", "0"]  # the budget left to each step's supervisors
+    assert "[slurm.sbatch] restart 3 of 3 in this allocation: cause 0" in done.stderr
+    assert "the restart budget is spent (MAX_RESTARTS=3 restarts in this allocation)" in done.stderr
 
 
 def test_a_job_slurm_requeued_meanwhile_is_not_restarted_by_its_old_script(tmp_path):

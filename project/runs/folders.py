@@ -26,7 +26,7 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from project.checkpoints.files import checkpoint_meta, recover_interrupted_save
 from project.messages import report
-from project.runs.restarts import record_restart, srun_restart_count
+from project.runs.restarts import record_restart, srun_restart_count, warm_generation
 
 RUN_FOLDER = re.compile(r"version_(\d+)")
 TRACKERS_FILE = "trackers.json"
@@ -314,8 +314,8 @@ def is_empty_log(path: Path) -> bool:
 
 
 def restart_count() -> int:
-    """How often torchrun (``--max-restarts``) has restarted this job's processes."""
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    """How often this torchrun job has been restarted: by torchrun (``--max-restarts``), then warm within each."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) + warm_generation()
 
 
 class RunRecord(SaveConfigCallback):

@@ -21,12 +21,13 @@ from project.messages import first_line, report
 EXIT_FILE_VAR = "PROJECT_EXIT_FILE"
 RESTART_COUNT_VAR = "PROJECT_RESTART_COUNT"  # restarts within a SLURM allocation (scripts/slurm.sbatch)
 RESTART_CAUSE_VAR = "PROJECT_RESTART_CAUSE"
+WARM_GENERATION_VAR = "PROJECT_WARM_GENERATION"  # warm restarts of the launched processes (runtime/warm_restart.py)
 RESTARTS_FILE = "restarts.txt"  # in the run folder: one line per restart, with its cause
 
 
-def record_outcome(code: int, cause: str) -> None:
+def record_outcome(code: int | str, cause: str) -> None:
     """Appends this rank's outcome to ``PROJECT_EXIT_FILE`` when the launcher asked for it (one short line: appends
-    from several ranks do not interleave)."""
+    from several ranks do not interleave); a warm restart's is ``restart`` (runtime/warm_restart.py)."""
     path = os.environ.get(EXIT_FILE_VAR)
     if not path:
         return
@@ -49,7 +50,13 @@ def record_exit(error: SystemExit) -> None:
 
 
 def srun_restart_count() -> int:
-    return int(os.environ.get(RESTART_COUNT_VAR) or 0)
+    """Restarts within a SLURM allocation: new srun steps, and warm restarts within each."""
+    return int(os.environ.get(RESTART_COUNT_VAR) or 0) + warm_generation()
+
+
+def warm_generation() -> int:
+    """How often this process's supervisor has restarted its rank (runtime/warm_restart.py)."""
+    return int(os.environ.get(WARM_GENERATION_VAR) or 0)
 
 
 @rank_zero_only

@@ -22,10 +22,11 @@ import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
 
 from project import lightning_internals as internals
-from project.exit_codes import exit_code_for, is_disk_full
+from project.exit_codes import FINAL_EXIT_CODES, exit_code_for, is_disk_full
 from project.messages import first_line, report
 from project.runs.folders import resume_command
 from project.runs.restarts import record_outcome
+from project.runtime import rendezvous, warm_restart
 from project.runtime.rendezvous import StartupFailed
 from project.runtime.strategy import process_group_timeout
 
@@ -86,6 +87,9 @@ class FailFast(Callback):
         if isinstance(exception, torch.distributed.DistError):
             report(f"rank {trainer.global_rank}: {DIST_HINT}")
         suspects = self.heartbeat.suspects(trainer.world_size) if trainer.world_size > 1 else []
+        outcome = f"{suspects[0]} ({cause})" if suspects else cause
+        if exit_code_for(exception) not in FINAL_EXIT_CODES:  # before the hung are killed: that is not the cause
+            warm_restart.say_failed(outcome)
         if suspects:
             suspects += self.heartbeat.kill_stopped_ranks_here(trainer.world_size)
         for line in suspects:
@@ -98,7 +102,7 @@ class FailFast(Callback):
         elif trainer.world_size > 1 and trainer.local_rank > 0 and self._launcher_is_gone():
             first_rank = trainer.node_rank * trainer.num_devices
             report(f"rank {first_rank}, the process that launched rank {trainer.global_rank}, is gone")
-        return f"{suspects[0]} ({cause})" if suspects else cause
+        return outcome
 
     def _stop_launched_ranks(self, trainer: Trainer, launched: list) -> None:
         """Names the launched ranks that already ended badly, then kills the rest."""
@@ -155,9 +159,10 @@ class Heartbeat:
         """On every rank, once the process group is up: connect to its store and beat until the run ends."""
         if trainer.world_size < 2 or "MASTER_ADDR" not in os.environ:
             return
-        store = dist.TCPStore(
-            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timedelta(seconds=10)
-        )
+        wait = timedelta(seconds=10)
+        address, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+        # A store kept for every attempt holds the earlier attempts' beats: this attempt's key space only.
+        store = rendezvous.attempt_store(wait) or dist.TCPStore(address, port, is_master=False, timeout=wait)
         self._store = dist.PrefixStore("project/heartbeat", store)
         self.step, self._me = trainer.global_step, f"{pid_space()} {os.getpid()}"
         self._store.set(str(trainer.global_rank), self._beat_value())  # the first beat, at once

@@ -35,6 +35,7 @@ import torch.distributed as dist
 
 from project.exit_codes import CRASHED_EXIT_CODE, REFUSED_EXIT_CODE
 from project.messages import first_line, report
+from project.runs.restarts import warm_generation
 from project.runtime import network
 
 REFUSED = REFUSED_EXIT_CODE  # a setting that cannot work: restarting would end the same way
@@ -110,18 +111,14 @@ def meet(address: str, port: int, member: Member, timeout: timedelta) -> dist.St
     """Starts or reaches the run's TCP store at ADDRESS:PORT (rank 0 starts it), checks everything above within
     TIMEOUT, and returns the store for the process group. Raises ``StartupFailed`` on every rank otherwise."""
     deadline = time.monotonic() + timeout.total_seconds()
-    ip = _resolve(address, port)
-    if member.rank == 0:  # listens on every address; connects to itself at MASTER_ADDR if that is its own
-        store = _serve(ip if _is_local(ip) else "127.0.0.1", port, member.world, timeout)
-    else:
-        _reach(address, ip, port, deadline, member)
-        store = _connect(address, port, member.world, deadline)
+    store = open_store(address, port, member, timeout)
     try:
         check_members(store, member, deadline, f"{address}:{port}")
     except StartupFailed as error:
         if member.rank == 0:
             _linger(store, member)
-        if member.rank == 0 and not _is_local(ip):  # NODE_RANK 0 on the wrong host, or MASTER_ADDR wrong
+        # NODE_RANK 0 on the wrong host, or MASTER_ADDR wrong
+        if member.rank == 0 and not _is_local(_resolve(address, port)):
             raise StartupFailed(
                 f"{error}; and MASTER_ADDR {address} is not an address of this host ({socket.gethostname()}), which"
                 " started as NODE_RANK 0: it must be node 0's own address",
@@ -129,6 +126,17 @@ def meet(address: str, port: int, member: Member, timeout: timedelta) -> dist.St
             ) from None
         raise
     return store
+
+
+def open_store(address: str, port: int, member: Member, timeout: timedelta, serve: bool | None = None) -> dist.Store:
+    """Step 1 above: the TCP store at ADDRESS:PORT, served by rank 0 (or where SERVE says) and reached by the others
+    within TIMEOUT; raises ``StartupFailed`` saying what was measured."""
+    deadline = time.monotonic() + timeout.total_seconds()
+    ip = _resolve(address, port)
+    if member.rank == 0 if serve is None else serve:  # listens on every address; at MASTER_ADDR if that is its own
+        return _serve(ip if _is_local(ip) else "127.0.0.1", port, member.world, timeout)
+    _reach(address, ip, port, deadline, member)
+    return _connect(address, port, member.world, deadline)
 
 
 def _linger(store: dist.Store, member: Member) -> None:
@@ -166,17 +174,26 @@ def join(
 
 
 def attempt_store(timeout: timedelta) -> dist.Store | None:
-    """The torchrun agent's store, under a prefix for this attempt (``TORCHELASTIC_RESTART_COUNT``); None elsewhere.
+    """The store a launcher keeps for every attempt (torchrun's agent's, or the warm restarts' supervisors':
+    runtime/warm_restart.py), under this attempt's prefix (``attempt_prefix``); None where each attempt has its own.
 
     torch 2.14's agent keeps one store for every attempt, and no longer prefixes the ranks' keys by attempt: after a
     restart, a rank could read the address a killed rank had published ("Gloo connectFullMesh failed ... Connection
     refused", seen when the new ranks started a few seconds apart) and fail the restart.
     """
+    prefix = attempt_prefix()
+    if prefix is None:
+        return None
+    agent = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout)
+    return dist.PrefixStore(prefix, agent)
+
+
+def attempt_prefix() -> str | None:
+    """This attempt's key space in a store kept for every attempt: torchrun's restarts, then warm restarts within
+    each; None where the store is the attempt's own (rank 0 serves it)."""
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    agent = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout)
-    return dist.PrefixStore(f"/project/attempt_{attempt}", agent)
+    return f"/project/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}.{warm_generation()}"
 
 
 def check_members(store: dist.Store, member: Member, deadline: float, where: str) -> None:

@@ -1,0 +1,232 @@
+"""Warm restarts: a failed run starts again in processes that have imported torch and Lightning already.
+
+A launcher's restart (torchrun's ``--max-restarts``, a new srun step) starts new interpreters, which import torch and
+Lightning again: 6-7 s of the 8 s a restart took (docs/fault-tolerance.md). With ``PROJECT_WARM_RESTARTS=N``
+(scripts/torchrun.sh and scripts/slurm.sbatch set it), each process the launcher starts for ``fit`` imports what a
+run needs, forks its rank and supervises it. When a rank fails (exit 1 or a signal: a crash, a kill, a hang ended at
+the process-group timeout), every supervisor ends its rank and forks the next attempt, which resumes from the run's
+newest checkpoint as after a launcher's restart, up to N times. A final exit code (a refusal, the NaN guard, a full
+disk, Ctrl-C, SIGTERM: ``exit_codes.FINAL_EXIT_CODES``) ends the supervisor with it, and the launcher ends the rest.
+
+The supervisors share a TCP store at MASTER_ADDR:MASTER_PORT: torchrun's agent's, or under SLURM one the supervisor
+of rank 0 serves, where the ranks then meet as under torchrun (``rendezvous.attempt_store``). The first cause of an
+attempt's failure is written there (``say_failed``: by the rank that saw it, else by its supervisor); the other
+supervisors give their ranks ``GRACE_S`` to end by themselves, then kill them: a rank hung on another machine ends
+within seconds, not after the launcher's grace of 30 s.
+
+The fork is safe because the supervisor has run nothing but imports: no CUDA (checked: the rank runs in place, with
+the launcher's restarts only, if CUDA has started), no OpenMP pool. Signals reach the rank as they would reach a
+launched process: a terminal, srun and torchrun signal the whole process group, which the rank shares; a rank dies
+with its supervisor (``PR_SET_PDEATHSIG``, Linux only).
+"""
+
+import contextlib
+import ctypes
+import os
+import signal
+import sys
+import time
+from datetime import timedelta
+from types import FrameType
+
+import torch
+import torch.distributed as dist
+from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
+
+from project.exit_codes import FINAL_EXIT_CODES
+from project.messages import report
+from project.runs import restarts
+from project.runtime import process_exit, rendezvous
+from project.runtime.early_interrupt import EarlyInterrupt
+from project.runtime.requeue_signal import EarlyRequeueSignal
+from project.runtime.strategy import STARTUP_TIMEOUT
+
+BUDGET_VAR = "PROJECT_WARM_RESTARTS"
+POLL_S = 0.05
+GRACE_S = 5.0  # for a rank whose peer failed to fail by itself (a dropped connection) before it is killed
+STORE_TIMEOUT = STARTUP_TIMEOUT  # for the supervisors to meet: the strategy's default
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+PR_SET_PDEATHSIG = 1
+
+
+def requested(argv: list[str]) -> bool:
+    """``fit`` started by torchrun or srun, on Linux, with a warm-restart budget."""
+    return (
+        argv[:1] == ["fit"]
+        and os.environ.get(BUDGET_VAR, "").isdigit()
+        and sys.platform == "linux"
+        and (TorchElasticEnvironment.detect() or SLURMEnvironment.detect())
+    )
+
+
+def supervise() -> None:
+    """Returns in each forked rank; the supervisor ends its process with the run's exit code."""
+    if torch.cuda.is_initialized():
+        report("warm restarts off: CUDA started before the rank was forked; the launcher restarts it")
+        return
+    Supervisor(_shared_store(), int(os.environ[BUDGET_VAR])).run()
+
+
+def say_failed(cause: str) -> None:
+    """A rank's cause of its attempt's failure, for the supervisors (the first said wins); nothing without them."""
+    if os.environ.get(BUDGET_VAR) is None or restarts.WARM_GENERATION_VAR not in os.environ:
+        return
+    with contextlib.suppress(RuntimeError, ValueError, KeyError):  # the store's host is gone: its supervisor says it
+        address, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+        store = dist.TCPStore(address, port, is_master=False, timeout=timedelta(seconds=5))
+        _failed(dist.PrefixStore(_prefix(), store), restarts.warm_generation(), cause)
+
+
+class Supervisor:
+    """Forks its rank, attempt after attempt, until one ends for good or the budget is spent."""
+
+    def __init__(self, store: dist.Store, budget: int) -> None:
+        self.store, self.budget = store, budget
+        self.rank = int(os.environ.get("RANK") or os.environ.get("SLURM_PROCID") or 0)
+        self.stopping = False  # a stop signal came: the attempt running ends for good
+        self.killed_here = False  # this supervisor killed the attempt's rank (a peer had failed)
+
+    def run(self) -> None:
+        EarlyInterrupt.disarm()  # the supervisor waits for its rank's own stop, however long its save takes
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, self._on_stop)
+        generation = 0
+        while True:
+            pid = self._fork(generation)
+            if pid == 0:
+                return
+            code = self._watch(pid, generation)
+            if code == 0 or code in FINAL_EXIT_CODES or self.stopping:
+                process_exit.exit_now(code)
+            cause = self._cause(generation, code)
+            if generation >= self.budget:
+                report(f"rank {self.rank}: the warm-restart budget is spent ({self.budget}); last failure: {cause}")
+                process_exit.exit_now(code)
+            generation += 1
+            if self.rank == 0:
+                restarts.record_outcome("restart", cause)  # counted by scripts/slurm.sbatch
+                report(f"warm restart {generation} of {self.budget}, in the same processes: {cause}")
+            os.environ[restarts.RESTART_CAUSE_VAR] = cause
+
+    def _fork(self, generation: int) -> int:
+        sys.stdout.flush(), sys.stderr.flush()  # a buffered line would be printed by both processes
+        pid = os.fork()
+        if pid == 0:  # the rank: signals as a started process has them, and the attempt it is
+            _die_with_parent()
+            for signum in STOP_SIGNALS:
+                signal.signal(signum, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            EarlyRequeueSignal.catch()
+            EarlyInterrupt.catch()
+            os.environ[restarts.WARM_GENERATION_VAR] = str(generation)
+        return pid
+
+    def _watch(self, pid: int, generation: int) -> int:
+        """Waits for the rank to end; kills it ``GRACE_S`` after a peer's failure. Returns its exit code."""
+        peer_failed_at, self.killed_here = None, False
+        while True:
+            ended, status = os.waitpid(pid, os.WNOHANG)
+            if ended:
+                return os.waitstatus_to_exitcode(status)
+            if peer_failed_at is None and self._has_failed(generation):
+                peer_failed_at = time.monotonic()
+            if peer_failed_at is not None and time.monotonic() - peer_failed_at > GRACE_S:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                    self.killed_here = True
+            time.sleep(POLL_S)
+
+    def _cause(self, generation: int, code: int) -> str:
+        """The attempt's cause of failure, the same for every supervisor: a rank killed from outside (not by this
+        supervisor, nor by a peer that named it as hung) is the cause, whatever its peers said of their dropped
+        connections; otherwise the first said."""
+        mine = f"rank {self.rank} {_ended(code)}"
+        if code >= 0 or self.killed_here:
+            return _failed(self.store, generation, mine)
+        with contextlib.suppress(RuntimeError):
+            said = self.store.get(f"failed/{generation}").decode() if self._has_failed(generation) else ""
+            if said.startswith(f"rank {self.rank} stopped"):
+                return said
+            self.store.set(f"failed/{generation}", mine)
+        return mine
+
+    def _has_failed(self, generation: int) -> bool:
+        try:
+            return self.store.check([f"failed/{generation}"])
+        except RuntimeError:  # the store's host has ended (rank 0's run ended for good): the launcher ends this one
+            return False
+
+    def _on_stop(self, signum: int, frame: FrameType | None) -> None:
+        self.stopping = True
+
+
+def _failed(store: dist.Store, generation: int, cause: str) -> str:
+    """Writes CAUSE as the attempt's failure unless one was written first; returns the one that stands."""
+    try:
+        return store.compare_set(f"failed/{generation}", "", cause).decode()
+    except RuntimeError:
+        return cause
+
+
+def _ended(code: int) -> str:
+    return f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+
+
+def _shared_store() -> dist.Store:
+    """The store every supervisor of the run reaches (see the module's docstring)."""
+    if TorchElasticEnvironment.detect():
+        address, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+        store = dist.TCPStore(address, port, is_master=False, timeout=STORE_TIMEOUT)
+    else:
+        environment = SLURMEnvironment()
+        member = rendezvous.Member(
+            environment.global_rank(),
+            environment.world_size(),
+            environment.node_rank(),
+            environment.local_rank(),
+            int(os.environ.get("SLURM_NNODES") or 1),
+        )
+        address, port = environment.main_address, environment.main_port
+        if member.rank == 0:
+            _serve_apart(address, port, member)
+        store = rendezvous.open_store(address, port, member, STORE_TIMEOUT, serve=False)
+        # The ranks meet in this store, as under torchrun's agent (rendezvous.attempt_store).
+        os.environ.update(MASTER_ADDR=address, MASTER_PORT=str(port), TORCHELASTIC_USE_AGENT_STORE="True")
+    return dist.PrefixStore(_prefix(), store)
+
+
+def _serve_apart(address: str, port: int, member: rendezvous.Member) -> None:
+    """Serves the store from a process of its own, which ends with this one: a store's threads do not cross the fork
+    of a rank (its copy aborted the rank). Raises ``StartupFailed`` as the serving process measured it."""
+    reader, writer = os.pipe()
+    if os.fork() == 0:
+        os.close(reader)
+        _die_with_parent()
+        for signum in STOP_SIGNALS:  # the ranks stopping on them still use the store
+            signal.signal(signum, signal.SIG_IGN)
+        try:
+            store = rendezvous.open_store(address, port, member, STORE_TIMEOUT, serve=True)
+        except rendezvous.StartupFailed as error:
+            os.write(writer, f"{error.exit_code} {error}".encode())
+            process_exit.exit_now(0)
+        os.close(writer)
+        while store:
+            time.sleep(3600)
+    os.close(writer)
+    with os.fdopen(reader) as pipe:
+        failed = pipe.read()
+    if failed:
+        code, message = failed.split(" ", 1)
+        raise rendezvous.StartupFailed(message, int(code))
+
+
+def _die_with_parent() -> None:
+    """This forked process is killed when its parent ends (Linux's ``PR_SET_PDEATHSIG``), or ends now if it has."""
+    parent = os.getppid()
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # the parent ended before the line above
+        process_exit.exit_now(1)
+
+
+def _prefix() -> str:
+    return f"/project/warm_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
