@@ -1,7 +1,7 @@
 """Where a restart's time goes: ``scripts/torchrun.sh`` (2 workers, ``--ckpt_path auto``) with rank 1 SIGKILLed (a
 crash) or SIGSTOPped (a hang, named at the process-group timeout) mid-run, and the restarted run's timeline, from the
-fault to its first training step: the launcher's restart, the interpreter and imports, the process group, the
-checkpoint load, the first step. Each fault kind REPEATS times, medians.
+fault to its first training step: the rank's new process (forked by its supervisor: runtime/warm_restart.py), the
+config and objects, the process group, the checkpoint load, the first step. Each fault kind REPEATS times, medians.
 
     python -m benchmarks.recovery --repeats 3
 """
@@ -27,8 +27,8 @@ TIMELINE = "RECOVERY_TIMELINE"  # a file each rank appends "attempt rank phase t
 FAULT_STEP = 30
 PHASES = ("fault", "process", "built", "setup", "train_start", "first_step")
 SPANS = {  # the span ending at each phase: what it covers
-    "process": "fault to the new process (detection, the launcher's teardown and restart)",
-    "built": "interpreter, imports, config, objects",
+    "process": "fault to the new process (detection, the supervisors' agreement, the fork)",
+    "built": "config, objects (torch and Lightning imported already)",
     "setup": "process group",
     "train_start": "checkpoint load, strategy set-up",
     "first_step": "first training step",
