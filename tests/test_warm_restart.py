@@ -1,0 +1,83 @@
+"""The warm restarts' decisions (project/runtime/warm_restart.py), in this process: which runs are supervised, and
+which cause of an attempt's failure every supervisor reports. The restarts themselves run in tests/test_faults.py
+(scripts/torchrun.sh: a rank killed, then hung) and tests/test_slurm.py (the chaos job)."""
+
+import signal
+
+import pytest
+import torch.distributed as dist
+
+from project.runtime import warm_restart
+from project.runtime.warm_restart import Supervisor
+
+TORCHRUN = {"TORCHELASTIC_RUN_ID": "none", "RANK": "1", "LOCAL_RANK": "1"}
+SRUN = {"SLURM_NTASKS": "2", "SLURM_JOB_NAME": "project"}
+
+
+def supervisor(rank: int) -> tuple[Supervisor, dist.Store]:
+    store = dist.HashStore()
+    supervising = Supervisor(store, budget=3)
+    supervising.rank = rank
+    return supervising, store
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "supervised"),
+    [
+        (["fit", "--config", "x.yaml"], {**TORCHRUN, "PROJECT_WARM_RESTARTS": "3"}, True),
+        (["fit"], {**SRUN, "PROJECT_WARM_RESTARTS": "0"}, True),
+        (["fit"], {**TORCHRUN}, False),  # no budget: torchrun's own restarts, if any
+        (["fit"], {"PROJECT_WARM_RESTARTS": "3"}, False),  # not launched: Lightning's launcher or one process
+        (["validate"], {**TORCHRUN, "PROJECT_WARM_RESTARTS": "3"}, False),
+        (["fit"], {**SRUN, "PROJECT_WARM_RESTARTS": "three"}, False),
+    ],
+    ids=["torchrun", "srun", "no-budget", "not-launched", "not-fit", "not-a-number"],
+)
+@pytest.mark.filterwarnings("ignore:The `srun` command is available")  # Lightning's, on a machine with SLURM
+def test_only_fit_started_by_torchrun_or_srun_with_a_budget_is_supervised(monkeypatch, argv, env, supervised):
+    for name in (*TORCHRUN, *SRUN, "PROJECT_WARM_RESTARTS"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert warm_restart.requested(argv) is supervised
+
+
+def test_the_first_cause_said_of_an_attempt_stands():
+    store = dist.HashStore()
+    first = "rank 0/2 failed at step 5: RuntimeError: boom"
+    assert warm_restart._failed(store, 0, first) == first
+    assert warm_restart._failed(store, 0, "rank 1 exited with code 1") == first
+    assert warm_restart._failed(store, 1, "rank 1 exited with code 1") == "rank 1 exited with code 1"  # its own
+
+
+def test_a_rank_killed_from_outside_is_the_cause_over_its_peers_dropped_connections():
+    killed, store = supervisor(rank=1)
+    warm_restart._failed(store, 0, "rank 0/2 failed at step 43: RuntimeError: Connection reset by peer")
+    assert killed._cause(0, -signal.SIGKILL) == "rank 1 was killed by SIGKILL"
+    assert warm_restart._failed(store, 0, "rank 0 exited with code 1") == "rank 1 was killed by SIGKILL"
+
+
+def test_a_rank_its_peer_named_as_hung_and_killed_keeps_the_peers_cause():
+    hung, store = supervisor(rank=1)
+    named = "rank 1 stopped: its last heartbeat was at step 94, 11 s ago (rank 0/2 failed at step 102: ...)"
+    warm_restart._failed(store, 0, named)
+    assert hung._cause(0, -signal.SIGKILL) == named
+
+
+def test_a_rank_its_supervisor_killed_after_a_peer_failed_is_not_the_cause():
+    waiting, store = supervisor(rank=0)
+    warm_restart._failed(store, 0, "rank 1 was killed by SIGKILL")
+    waiting.killed_here = True
+    assert waiting._cause(0, -signal.SIGKILL) == "rank 1 was killed by SIGKILL"
+
+
+def test_a_rank_that_exits_first_says_so():
+    failed, _ = supervisor(rank=0)
+    assert failed._cause(2, 1) == "rank 0 exited with code 1"
+
+
+def test_a_rank_without_supervisor_says_nothing(monkeypatch):
+    monkeypatch.delenv("PROJECT_WARM_RESTARTS", raising=False)
+    monkeypatch.setenv("MASTER_ADDR", "192.0.2.1")  # would time out if it tried to reach it
+    monkeypatch.setenv("MASTER_PORT", "9")
+    warm_restart.say_failed("rank 0/1 failed at step 1: RuntimeError: boom")
