@@ -9,10 +9,11 @@ newest checkpoint as after a launcher's restart, up to N times. A final exit cod
 disk, Ctrl-C, SIGTERM: ``exit_codes.FINAL_EXIT_CODES``) ends the supervisor with it, and the launcher ends the rest.
 
 The supervisors share a TCP store at MASTER_ADDR:MASTER_PORT: torchrun's agent's, or under SLURM one the supervisor
-of rank 0 serves, where the ranks then meet as under torchrun (``rendezvous.attempt_store``). The first cause of an
-attempt's failure is written there (``say_failed``: by the rank that saw it, else by its supervisor); the other
-supervisors give their ranks ``GRACE_S`` to end by themselves, then kill them: a rank hung on another machine ends
-within seconds, not after the launcher's grace of 30 s.
+of rank 0 serves (from a process of its own), where the ranks then meet as under torchrun
+(``rendezvous.attempt_store``); a one-task SLURM job has nobody to agree with, and its rank serves its own. The
+first cause of an attempt's failure is written there (``say_failed``: by the rank that saw it, else by its
+supervisor); the other supervisors give their ranks ``GRACE_S`` to end by themselves, then kill them: a rank hung
+on another machine ends within seconds, not after the launcher's grace of 30 s.
 
 The fork is safe because the supervisor has run nothing but imports: no CUDA (checked: the rank runs in place, with
 the launcher's restarts only, if CUDA has started), no OpenMP pool. Signals reach the rank as they would reach a
@@ -69,7 +70,8 @@ def supervise() -> None:
 
 def say_failed(cause: str) -> None:
     """A rank's cause of its attempt's failure, for the supervisors (the first said wins); nothing without them."""
-    if os.environ.get(BUDGET_VAR) is None or restarts.WARM_GENERATION_VAR not in os.environ:
+    supervised = os.environ.get(BUDGET_VAR) is not None and restarts.WARM_GENERATION_VAR in os.environ
+    if not supervised or rendezvous.attempt_prefix() is None:  # no store shared with the supervisors
         return
     with contextlib.suppress(RuntimeError, ValueError, KeyError):  # the store's host is gone: its supervisor says it
         address, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
@@ -179,6 +181,8 @@ def _shared_store() -> dist.Store:
         store = dist.TCPStore(address, port, is_master=False, timeout=STORE_TIMEOUT)
     else:
         environment = SLURMEnvironment()
+        if environment.world_size() == 1:  # nobody to agree with: the rank serves its own store, as unsupervised
+            return dist.HashStore()
         member = rendezvous.Member(
             environment.global_rank(),
             environment.world_size(),
