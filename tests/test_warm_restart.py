@@ -71,6 +71,10 @@ def test_a_rank_its_supervisor_killed_after_a_peer_failed_is_not_the_cause():
     assert waiting._cause(0, -signal.SIGKILL) == "rank 1 was killed by SIGKILL"
 
 
+def test_a_supervisor_ends_with_its_ranks_code_or_128_plus_the_signal_that_ended_it():
+    assert [warm_restart._status(code) for code in (0, 1, 143, -signal.SIGKILL)] == [0, 1, 143, 137]
+
+
 def test_a_rank_that_exits_first_says_so():
     failed, _ = supervisor(rank=0)
     assert failed._cause(2, 1) == "rank 0 exited with code 1"

@@ -99,11 +99,11 @@ class Supervisor:
                 return
             code = self._watch(pid, generation)
             if code == 0 or code in FINAL_EXIT_CODES or self.stopping:
-                process_exit.exit_now(code)
+                process_exit.exit_now(_status(code))
             cause = self._cause(generation, code)
             if generation >= self.budget:
                 report(f"rank {self.rank}: the warm-restart budget is spent ({self.budget}); last failure: {cause}")
-                process_exit.exit_now(code)
+                process_exit.exit_now(_status(code))
             generation += 1
             if self.rank == 0:
                 restarts.record_outcome("restart", cause)  # counted by scripts/slurm.sbatch
@@ -168,6 +168,11 @@ def _failed(store: dist.Store, generation: int, cause: str) -> str:
         return store.compare_set(f"failed/{generation}", "", cause).decode()
     except RuntimeError:
         return cause
+
+
+def _status(code: int) -> int:
+    """The exit status that says what ended the rank: 128 + N for signal N, as a shell reports it."""
+    return 128 - code if code < 0 else code
 
 
 def _ended(code: int) -> str:
