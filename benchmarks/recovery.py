@@ -2,8 +2,9 @@
 crash) or SIGSTOPped (a hang, named at the process-group timeout) mid-run, and the restarted run's timeline, from the
 fault to its first training step: the rank's new process (forked by its supervisor: runtime/warm_restart.py), the
 config and objects, the process group, the checkpoint load, the first step. Each fault kind REPEATS times, medians.
+``--cold`` adds, alternating with it, torchrun's own restart (``--max-restarts``: new interpreters) of the same run.
 
-    python -m benchmarks.recovery --repeats 3
+    python -m benchmarks.recovery --repeats 3 [--cold]
 """
 
 import argparse
@@ -27,8 +28,8 @@ TIMELINE = "RECOVERY_TIMELINE"  # a file each rank appends "attempt rank phase t
 FAULT_STEP = 30
 PHASES = ("fault", "process", "built", "setup", "train_start", "first_step")
 SPANS = {  # the span ending at each phase: what it covers
-    "process": "fault to the new process (detection, the supervisors' agreement, the fork)",
-    "built": "config, objects (torch and Lightning imported already)",
+    "process": "fault to the new process (detection; the supervisors' fork, or torchrun's restart)",
+    "built": "imports (a new interpreter only), config, objects",
     "setup": "process group",
     "train_start": "checkpoint load, strategy set-up",
     "first_step": "first training step",
@@ -71,8 +72,9 @@ class Timeline(Callback):
             os.kill(os.getpid(), getattr(signal, self.fault.upper()))
 
 
-def restart(fault: str, timeout_s: int) -> dict[str, float]:
-    """One run with FAULT; seconds from the fault to each phase of rank 0's restarted attempt."""
+def restart(fault: str, timeout_s: int, cold: bool = False) -> dict[str, float]:
+    """One run with FAULT (restarted by torchrun itself if COLD); seconds from the fault to each phase of rank 0's
+    restarted attempt."""
     with tempfile.TemporaryDirectory() as root:
         timeline = Path(root) / "timeline.txt"
         env = {**os.environ, TIMELINE: str(timeline), "DEVICES": "2", "MAX_RESTARTS": "1", "OMP_NUM_THREADS": "1"}
@@ -91,9 +93,12 @@ def restart(fault: str, timeout_s: int) -> dict[str, float]:
             "--trainer.callbacks+=benchmarks.recovery.Timeline",
             f"--trainer.callbacks.fault={fault}",
         ]
-        done = subprocess.run(
-            ["bash", "scripts/torchrun.sh", *flags], cwd=REPO, env=env, capture_output=True, text=True
-        )
+        command = ["bash", "scripts/torchrun.sh", *flags]
+        if cold:  # what scripts/torchrun.sh ran before its restarts were warm
+            port = ["--master-addr", "127.0.0.1", "--master-port", env.get("MASTER_PORT", "29500"), "--node-rank", "0"]
+            command = ["torchrun", "--nnodes", "1", "--nproc-per-node", "2", *port, "--max-restarts", "1"]
+            command += ["-m", "project", "fit", *flags, "--trainer.devices", "2"]
+        done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
         if done.returncode != 0:
             raise RuntimeError(f"the run failed ({done.returncode}):\n{done.stderr[-3000:]}")
         times = {}
@@ -108,19 +113,27 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--timeout", type=int, default=10, help="the process-group timeout, seconds (the hang)")
+    parser.add_argument("--cold", action="store_true", help="also torchrun's own restarts, alternating")
     args = parser.parse_args()
     faults = {"crash (SIGKILL of rank 1)": "sigkill", f"hang (SIGSTOP of rank 1, {args.timeout} s timeout)": "sigstop"}
-    runs: dict[str, list[dict[str, float]]] = {name: [] for name in faults}
+    ways = {"warm": False, "cold": True} if args.cold else {"": False}
+    columns = {
+        f"{name}{f', {way}' if way else ''}": (fault, cold)
+        for name, fault in faults.items()
+        for way, cold in ways.items()
+    }
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in columns}
     for _ in range(args.repeats):  # alternating
-        for name, fault in faults.items():
-            runs[name].append(restart(fault, args.timeout))
-    print(f"`python -m benchmarks.recovery --repeats {args.repeats}`: seconds, medians of {args.repeats}\n")
-    print("| span | " + " | ".join(faults) + " |")
-    print("| --- |" + " --- |" * len(faults))
+        for name, (fault, cold) in columns.items():
+            runs[name].append(restart(fault, args.timeout, cold))
+    command = f"python -m benchmarks.recovery --repeats {args.repeats}{' --cold' if args.cold else ''}"
+    print(f"`{command}`: seconds, medians of {args.repeats}\n")
+    print("| span | " + " | ".join(columns) + " |")
+    print("| --- |" + " --- |" * len(columns))
     for previous, phase in itertools.pairwise(PHASES):
-        spans = [statistics.median(run[phase] - run.get(previous, 0.0) for run in runs[name]) for name in faults]
+        spans = [statistics.median(run[phase] - run.get(previous, 0.0) for run in runs[name]) for name in columns]
         print(f"| {SPANS[phase]} | " + " | ".join(f"{span:.2f}" for span in spans) + " |")
-    totals = [statistics.median(run["first_step"] for run in runs[name]) for name in faults]
+    totals = [statistics.median(run["first_step"] for run in runs[name]) for name in columns]
     print("| **fault to the first step** | " + " | ".join(f"**{total:.2f}**" for total in totals) + " |")
     return 0
 

@@ -244,8 +244,8 @@ def test_a_sweep_runs_its_trials_as_a_job_array_and_its_best_config_reruns(slurm
 
 
 def task_pid(job: str, rank: int) -> int:
-    """The pid of rank RANK's `python -m project` in JOB (every node of the test cluster is this machine): the rank
-    its task's process forked (runtime/warm_restart.py), not that process."""
+    """The pid of rank RANK's `python -m project` in JOB (the test cluster's nodes are all this machine): the
+    rank its task's process forked (runtime/warm_restart.py), not that process."""
     found = {}  # pid: parent pid
     for environ in Path("/proc").glob("[0-9]*/environ"):
         try:
