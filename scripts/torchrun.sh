@@ -12,8 +12,8 @@
 # restarted, up to MAX_RESTARTS times (default 3); with `--ckpt_path auto` they resume the run from its newest
 # checkpoint. The restarts are warm: each worker process forks its rank after importing torch and Lightning, and forks
 # it again after a failure (project/runtime/warm_restart.py), so torchrun itself restarts nothing (--max-restarts 0).
-# A refusal (exit 2), the NaN guard (exit 3), a full disk (exit 4), Ctrl-C and SIGTERM end the job. Each rank
-# records its outcome in PROJECT_EXIT_FILE (the restart's cause).
+# A refusal (exit 2), the NaN guard (exit 3), a full disk (exit 4), Ctrl-C (130) and SIGTERM (143) end the job, with
+# that code. Each rank records its outcome in PROJECT_EXIT_FILE (the restart's cause, the job's final code).
 #
 # Periodic checkpoints: last.ckpt every CHECKPOINT_EVERY of training (H:MM:SS, default 0:30:00), beside the per-epoch
 # ones, written in the background (the training stalls for a copy only): a crash or a lost node loses at most that
@@ -49,5 +49,11 @@ fi
 PROJECT_EXIT_FILE=${PROJECT_EXIT_FILE:-$(mktemp "${TMPDIR:-/tmp}/rank-exits.XXXXXX")}
 export PROJECT_EXIT_FILE PROJECT_WARM_RESTARTS=$MAX_RESTARTS
 trap 'rm -f "$PROJECT_EXIT_FILE"' EXIT
+code=0
 torchrun --nnodes "$NUM_NODES" --nproc-per-node "$DEVICES" "${rendezvous[@]}" --max-restarts 0 \
-  -m project fit ${periodic[@]+"${periodic[@]}"} "$@" --trainer.num_nodes "$NUM_NODES" --trainer.devices "$DEVICES"
+  -m project fit ${periodic[@]+"${periodic[@]}"} "$@" --trainer.num_nodes "$NUM_NODES" --trainer.devices "$DEVICES" \
+  || code=$?
+# torchrun exits 1 whatever ended a worker: a rank's final code says why (a refusal, the NaN guard, a full disk, ...).
+final=$(awk -F '\t' '$1 == 2 || $1 == 3 || $1 == 4 || $1 == 130 || $1 == 143 { print $1; exit }' "$PROJECT_EXIT_FILE" \
+  2>/dev/null || true)
+exit $((code == 0 ? 0 : ${final:-$code}))

@@ -461,6 +461,19 @@ def test_a_launcher_setting_of_the_wrong_kind_is_refused_before_anything_starts(
 
 
 @pytest.mark.slow
+def test_a_refusal_under_torchrun_ends_the_job_at_once_with_its_own_code(tmp_path):
+    """A rank's final code is not restarted, and the launcher ends with it, not with torchrun's 1 for any failure."""
+    env = project_env(DEVICES="2", MASTER_PORT=str(free_port()))
+    env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"  # the launcher calls torchrun
+    args = [*quick_args(tmp_path / "run"), "--trainer.max_epochs", "many"]
+    result = subprocess.run(["bash", str(REPO / "scripts" / "torchrun.sh"), *args], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "warm restart" not in result.stderr and "max_epochs" in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
 def test_a_port_already_in_use_fails_fast_with_a_clear_error(tmp_path):
     """Another program listens at MASTER_PORT: rank 0 cannot serve the rendezvous there and says so; rank 1, which
     reached the other program, is stopped by rank 0 instead of waiting out the start-up timeout (2 minutes here)."""
