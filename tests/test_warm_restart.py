@@ -67,8 +67,7 @@ def test_a_rank_its_peer_named_as_hung_and_killed_keeps_the_peers_cause():
 def test_a_rank_its_supervisor_killed_after_a_peer_failed_is_not_the_cause():
     waiting, store = supervisor(rank=0)
     warm_restart._failed(store, 0, "rank 1 was killed by SIGKILL")
-    waiting.killed_here = True
-    assert waiting._cause(0, -signal.SIGKILL) == "rank 1 was killed by SIGKILL"
+    assert waiting._cause(0, -signal.SIGKILL, killed_here=True) == "rank 1 was killed by SIGKILL"
 
 
 def test_a_supervisor_ends_with_its_ranks_code_or_128_plus_the_signal_that_ended_it():

@@ -160,9 +160,8 @@ class Heartbeat:
         if trainer.world_size < 2 or "MASTER_ADDR" not in os.environ:
             return
         wait = timedelta(seconds=10)
-        address, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
         # A store kept for every attempt holds the earlier attempts' beats: this attempt's key space only.
-        store = rendezvous.attempt_store(wait) or dist.TCPStore(address, port, is_master=False, timeout=wait)
+        store = rendezvous.attempt_store(wait) or rendezvous.client_store(wait)
         self._store = dist.PrefixStore("project/heartbeat", store)
         self.step, self._me = trainer.global_step, f"{pid_space()} {os.getpid()}"
         self._store.set(str(trainer.global_rank), self._beat_value())  # the first beat, at once

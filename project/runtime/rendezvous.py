@@ -111,7 +111,7 @@ def meet(address: str, port: int, member: Member, timeout: timedelta) -> dist.St
     """Starts or reaches the run's TCP store at ADDRESS:PORT (rank 0 starts it), checks everything above within
     TIMEOUT, and returns the store for the process group. Raises ``StartupFailed`` on every rank otherwise."""
     deadline = time.monotonic() + timeout.total_seconds()
-    store = open_store(address, port, member, timeout)
+    store = open_store(address, port, member, timeout, serve=member.rank == 0)
     try:
         check_members(store, member, deadline, f"{address}:{port}")
     except StartupFailed as error:
@@ -128,12 +128,12 @@ def meet(address: str, port: int, member: Member, timeout: timedelta) -> dist.St
     return store
 
 
-def open_store(address: str, port: int, member: Member, timeout: timedelta, serve: bool | None = None) -> dist.Store:
-    """Step 1 above: the TCP store at ADDRESS:PORT, served by rank 0 (or where SERVE says) and reached by the others
-    within TIMEOUT; raises ``StartupFailed`` saying what was measured."""
+def open_store(address: str, port: int, member: Member, timeout: timedelta, serve: bool) -> dist.Store:
+    """Step 1 above: the TCP store at ADDRESS:PORT, served by this process if SERVE (rank 0), reached within TIMEOUT
+    otherwise; raises ``StartupFailed`` saying what was measured."""
     deadline = time.monotonic() + timeout.total_seconds()
     ip = _resolve(address, port)
-    if member.rank == 0 if serve is None else serve:  # listens on every address; at MASTER_ADDR if that is its own
+    if serve:  # listens on every address; connects to itself at MASTER_ADDR if that is its own
         return _serve(ip if _is_local(ip) else "127.0.0.1", port, member.world, timeout)
     _reach(address, ip, port, deadline, member)
     return _connect(address, port, member.world, deadline)
@@ -182,10 +182,12 @@ def attempt_store(timeout: timedelta) -> dist.Store | None:
     refused", seen when the new ranks started a few seconds apart) and fail the restart.
     """
     prefix = attempt_prefix()
-    if prefix is None:
-        return None
-    agent = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout)
-    return dist.PrefixStore(prefix, agent)
+    return None if prefix is None else dist.PrefixStore(prefix, client_store(timeout))
+
+
+def client_store(timeout: timedelta) -> dist.Store:
+    """A client of the store at this process's MASTER_ADDR:MASTER_PORT (its launcher's, or rank 0's)."""
+    return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout)
 
 
 def attempt_prefix() -> str | None:

@@ -74,8 +74,7 @@ def say_failed(cause: str) -> None:
     if not supervised or rendezvous.attempt_prefix() is None:  # no store shared with the supervisors
         return
     with contextlib.suppress(RuntimeError, ValueError, KeyError):  # the store's host is gone: its supervisor says it
-        address, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
-        store = dist.TCPStore(address, port, is_master=False, timeout=timedelta(seconds=5))
+        store = rendezvous.client_store(timedelta(seconds=5))
         _failed(dist.PrefixStore(_prefix(), store), restarts.warm_generation(), cause)
 
 
@@ -86,7 +85,6 @@ class Supervisor:
         self.store, self.budget = store, budget
         self.rank = int(os.environ.get("RANK") or os.environ.get("SLURM_PROCID") or 0)
         self.stopping = False  # a stop signal came: the attempt running ends for good
-        self.killed_here = False  # this supervisor killed the attempt's rank (a peer had failed)
 
     def run(self) -> None:
         EarlyInterrupt.disarm()  # the supervisor waits for its rank's own stop, however long its save takes
@@ -97,10 +95,10 @@ class Supervisor:
             pid = self._fork(generation)
             if pid == 0:
                 return
-            code = self._watch(pid, generation)
+            code, killed_here = self._watch(pid, generation)
             if code == 0 or code in FINAL_EXIT_CODES or self.stopping:
                 process_exit.exit_now(_status(code))
-            cause = self._cause(generation, code)
+            cause = self._cause(generation, code, killed_here)
             if generation >= self.budget:
                 report(f"rank {self.rank}: the warm-restart budget is spent ({self.budget}); last failure: {cause}")
                 process_exit.exit_now(_status(code))
@@ -123,27 +121,28 @@ class Supervisor:
             os.environ[restarts.WARM_GENERATION_VAR] = str(generation)
         return pid
 
-    def _watch(self, pid: int, generation: int) -> int:
-        """Waits for the rank to end; kills it ``GRACE_S`` after a peer's failure. Returns its exit code."""
-        peer_failed_at, self.killed_here = None, False
+    def _watch(self, pid: int, generation: int) -> tuple[int, bool]:
+        """Waits for the rank to end; kills it ``GRACE_S`` after a peer's failure. Returns its exit code, and whether
+        this supervisor killed it."""
+        peer_failed_at, killed_here = None, False
         while True:
             ended, status = os.waitpid(pid, os.WNOHANG)
             if ended:
-                return os.waitstatus_to_exitcode(status)
+                return os.waitstatus_to_exitcode(status), killed_here
             if peer_failed_at is None and self._has_failed(generation):
                 peer_failed_at = time.monotonic()
             if peer_failed_at is not None and time.monotonic() - peer_failed_at > GRACE_S:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-                    self.killed_here = True
+                    killed_here = True
             time.sleep(POLL_S)
 
-    def _cause(self, generation: int, code: int) -> str:
+    def _cause(self, generation: int, code: int, killed_here: bool = False) -> str:
         """The attempt's cause of failure, the same for every supervisor: a rank killed from outside (not by this
         supervisor, nor by a peer that named it as hung) is the cause, whatever its peers said of their dropped
         connections; otherwise the first said."""
         mine = f"rank {self.rank} {_ended(code)}"
-        if code >= 0 or self.killed_here:
+        if code >= 0 or killed_here:
             return _failed(self.store, generation, mine)
         with contextlib.suppress(RuntimeError):
             said = self.store.get(f"failed/{generation}").decode() if self._has_failed(generation) else ""
@@ -182,8 +181,7 @@ def _ended(code: int) -> str:
 def _shared_store() -> dist.Store:
     """The store every supervisor of the run reaches (see the module's docstring)."""
     if TorchElasticEnvironment.detect():
-        address, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
-        store = dist.TCPStore(address, port, is_master=False, timeout=STORE_TIMEOUT)
+        store = rendezvous.client_store(STORE_TIMEOUT)
     else:
         environment = SLURMEnvironment()
         if environment.world_size() == 1:  # nobody to agree with: the rank serves its own store, as unsupervised
