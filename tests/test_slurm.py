@@ -121,10 +121,14 @@ def test_a_two_node_job_trains_one_rank_per_node(reference):
 
 
 def test_a_job_that_reaches_its_time_limit_is_requeued_and_loses_nothing(reference, tmp_path):
-    """`--time=1 --signal=USR1@30`: SLURM signals every task before the limit (its timer fires every 30 s or so); every
-    rank stops at the next agreed step, rank 0 saves last.ckpt and requeues the job, which resumes its own run."""
+    """`--time=2 --signal=USR1@80`: SLURM signals every task before the limit; every rank stops at the next agreed step,
+    rank 0 saves last.ckpt and requeues the job, which resumes its own run.
+
+    SLURM's timer fires every 30 s and signals once the time left is within the lead plus 30 s: here 10-40 s into the
+    job, after srun has started the tasks (a signal before there is a task to receive it is lost) and before the slowed
+    first run (45 s of steps) ends. `--time=1 --signal=USR1@30` signalled 0-30 s in, and one CI run lost it."""
     run_dir = tmp_path / "run"
-    job = submit(tmp_path, run_dir, "--time=1", "--signal=USR1@30", fit=slow(0.1))
+    job = submit(tmp_path, run_dir, "--time=2", "--signal=USR1@80", fit=slow(0.15))
     # One requeue is the test: the resumed run gets the time to finish, whatever the machine's load (a second time-limit
     # signal would stop it again, at the scheduler's whim).
     release_when_requeued(job, 1, 180, "TimeLimit=5")
