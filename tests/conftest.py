@@ -58,7 +58,7 @@ def process_guard(item: pytest.Item) -> contextlib.AbstractContextManager:
 
 
 # The longest files first (their share of the suite in its last runs): xdist hands whole files to its workers
-# (--dist loadfile) in collection order, and a long file started late is the suite's tail on one worker.
+# (--dist loadfile) in collection order (--no-loadscope-reorder), and a long file started late is the suite's tail.
 LONGEST_FIRST = (
     "test_slurm.py",
     "test_faults.py",
