@@ -1,4 +1,4 @@
-"""pytest's hooks and fixtures: a clean environment per test, no process in the fast subset, the longest files first.
+"""pytest's hooks and fixtures: a clean environment per test, no process in the fast subset.
 What tests share besides (runs, checkpoints, paths) is in tests/helpers/."""
 
 import contextlib
@@ -55,24 +55,6 @@ def no_child_processes(test: str):
 
 def process_guard(item: pytest.Item) -> contextlib.AbstractContextManager:
     return contextlib.nullcontext() if item.get_closest_marker("slow") else no_child_processes(item.nodeid)
-
-
-# The longest files first (their share of the suite in its last runs): xdist hands whole files to its workers
-# (--dist loadfile) in collection order (--no-loadscope-reorder), and a long file started late is the suite's tail.
-LONGEST_FIRST = (
-    "test_slurm.py",
-    "test_faults.py",
-    "test_multinode.py",
-    "test_network_faults.py",
-    "test_template.py",
-    "test_fsdp.py",
-    "test_resume.py",
-)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    rank = {name: index for index, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(LONGEST_FIRST)))  # stable: files stay whole
 
 
 @pytest.hookimpl(wrapper=True)
