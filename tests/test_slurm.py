@@ -126,7 +126,7 @@ def test_a_job_that_reaches_its_time_limit_is_requeued_and_loses_nothing(referen
 
     SLURM's timer fires every 30 s and signals once the time left is within the lead plus 30 s: here 10-40 s into the
     job, after srun has started the tasks (a signal before there is a task to receive it is lost) and before the slowed
-    first run (45 s of steps) ends. `--time=1 --signal=USR1@30` signalled 0-30 s in, and one CI run lost it."""
+    first run (45 s of steps) ends. `--time=1 --signal=USR1@30` would signal 0-30 s in, at times before any task."""
     run_dir = tmp_path / "run"
     job = submit(tmp_path, run_dir, "--time=2", "--signal=USR1@80", fit=slow(0.15))
     # One requeue is the test: the resumed run gets the time to finish, whatever the machine's load (a second time-limit
