@@ -6,9 +6,12 @@ Each check is here because, unchecked, the mistake surfaced late and badly (meas
 - a config file whose ``trainer`` (or another section) is not a mapping (``trainer: 3``): jsonargparse takes it, and
   the run was built without the config's callbacks and failed inside the CLI with ``StopIteration``;
 
-- ``trainer.accumulate_grad_batches`` below 1: a ``ZeroDivisionError`` inside Lightning at the first step (53 lines);
-- ``trainer.log_every_n_steps`` or ``trainer.gradient_clip_val`` negative: accepted, and the run went on without
-  logging or with clipping that means nothing;
+- a numeric argument of the Trainer outside the range its meaning gives it (``trainer_ranges.py``, driven by the
+  Trainer's signature): ``accumulate_grad_batches``, ``val_check_interval`` or ``check_val_every_n_epoch`` 0 reached a
+  ``ZeroDivisionError`` inside Lightning (51-53 lines, exit 1); a negative ``log_every_n_steps``,
+  ``gradient_clip_val`` or ``num_sanity_val_steps`` was accepted, and the run went on with a setting that means nothing;
+- a launch variable (``MASTER_PORT``, ``NODE_RANK``, torchrun's ``RANK``/``WORLD_SIZE``/...) that cannot work with
+  the config (``launch_environment.py``): a traceback from torch or Lightning, or a rendezvous that never came;
 - ``seed_everything`` outside numpy's seed range [0, 2**32 - 1]: numpy's bounds error with a traceback;
 - ``trainer.default_root_dir`` that cannot be written (a read-only file system, a file on its path): the first
   checkpoint or log line failed, after the run had started;
@@ -22,6 +25,9 @@ import os
 from pathlib import Path
 
 from jsonargparse import Namespace
+
+from project.launch_environment import launch_problem
+from project.trainer_ranges import trainer_ranges_problem
 
 SEED_RANGE = (0, 2**32 - 1)  # numpy's: seed_everything seeds numpy too
 OVERSUBSCRIBE_VAR = "PROJECT_OVERSUBSCRIBE"  # "1": start more CPU processes than cores anyway
@@ -51,16 +57,13 @@ def section_problem(config: Namespace) -> str | None:
 
 
 def trainer_range_problem(config: Namespace) -> str | None:
-    trainer = config.trainer
-    if isinstance(trainer.get("accumulate_grad_batches"), int) and trainer.accumulate_grad_batches < 1:
-        return (
-            f"trainer.accumulate_grad_batches must be >= 1 (1: no accumulation), got {trainer.accumulate_grad_batches}"
-        )
-    if trainer.get("log_every_n_steps") is not None and trainer.log_every_n_steps < 0:
-        return f"trainer.log_every_n_steps must be >= 0, got {trainer.log_every_n_steps}"
-    if trainer.get("gradient_clip_val") is not None and trainer.gradient_clip_val < 0:
-        return f"trainer.gradient_clip_val must be >= 0 (0 or null: no clipping), got {trainer.gradient_clip_val}"
-    return None
+    """Each numeric argument of the Trainer in its range (trainer_ranges.py)."""
+    return trainer_ranges_problem(config.trainer)
+
+
+def launch_environment_problem(config: Namespace) -> str | None:
+    """The launch environment's variables (launch_environment.py), with the config's numbers of nodes and devices."""
+    return launch_problem(config.trainer, os.environ)
 
 
 def seed_problem(config: Namespace) -> str | None:
@@ -104,7 +107,14 @@ def run_length_problem(config: Namespace) -> str | None:
     )
 
 
-SETTINGS_CHECKS = (section_problem, trainer_range_problem, seed_problem, root_dir_problem, run_length_problem)
+SETTINGS_CHECKS = (
+    section_problem,
+    trainer_range_problem,
+    seed_problem,
+    root_dir_problem,
+    run_length_problem,
+    launch_environment_problem,
+)
 
 
 def usable_cores() -> int:

@@ -77,6 +77,8 @@ class ClassificationModule(LightningModule):
         matmul_precision: Literal["highest", "high", "medium"] | None = None,
     ) -> None:
         super().__init__()
+        if not 0 <= label_smoothing <= 1:  # torch's loss takes it, and fails at the first step
+            raise ValueError(f"model.label_smoothing must be in [0, 1] (0: none), got {label_smoothing}")
         # With LightningCLI this stores the parsed config (class paths, not objects): weights-only safe.
         self.save_hyperparameters()
         self.network = network

@@ -11,6 +11,13 @@ from typing import Any
 from torch import Tensor, nn
 
 
+def check_widths(name: str, widths: tuple[int, ...]) -> None:
+    """Layer widths of at least 1: torch builds a layer of width 0 (and the network learns nothing through it), and
+    fails on a negative one with a RuntimeError the CLI does not read as bad input."""
+    if any(width < 1 for width in widths):
+        raise ValueError(f"{name} must each be >= 1, got {list(widths)}")
+
+
 class MLP(nn.Module):
     """A multilayer perceptron over the flattened input."""
 
@@ -22,6 +29,7 @@ class MLP(nn.Module):
         dropout: float = 0.0,
     ) -> None:
         super().__init__()
+        check_widths("hidden_sizes", hidden_sizes)
         layers: list[nn.Module] = [nn.Flatten()]
         width = prod(input_shape)
         for hidden in hidden_sizes:
@@ -45,6 +53,7 @@ class SmallCNN(nn.Module):
         dropout: float = 0.0,
     ) -> None:
         super().__init__()
+        check_widths("channels", channels)
         in_channels = input_shape[0]
         c1, c2 = channels
         self.features = nn.Sequential(

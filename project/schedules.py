@@ -31,6 +31,8 @@ class WarmupCosineLR(LRScheduler):
     ) -> None:
         if warmup_steps < 0 or (total_steps is not None and total_steps <= warmup_steps):
             raise ValueError(f"need 0 <= warmup_steps < total_steps; got {warmup_steps} and {total_steps}")
+        if not eta_min >= 0:  # a negative learning rate at the end: SGD would climb the loss
+            raise ValueError(f"eta_min (the learning rate at the end) must be >= 0, got {eta_min}")
         self.warmup_steps = warmup_steps
         self.user_total_steps = total_steps
         self.total_steps = total_steps

@@ -27,6 +27,7 @@ from project.data.transforms import Transformed, augments, compose
 from project.lightning_internals import resume_point
 
 SPLITS = ("train", "val", "test")
+MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed takes no more (a seed plus the epoch, in the sampler)
 
 
 class BaseDataModule(LightningDataModule):
@@ -95,6 +96,9 @@ class BaseDataModule(LightningDataModule):
         check_num_workers(num_workers)
         if prefetch_factor is not None and (prefetch_factor < 1 or num_workers == 0):
             raise ValueError(f"prefetch_factor must be >= 1 and needs num_workers > 0; got {prefetch_factor}")
+        for name, value in (("split_seed", split_seed), ("seed", seed)):
+            if not 0 <= value <= MAX_SEED:  # torch's generators overflow past it, when the first epoch starts
+                raise ValueError(f"{name} must be in [0, {MAX_SEED}], got {value}")
         if snapshot_every_n_steps < 1:
             raise ValueError(f"snapshot_every_n_steps must be >= 1, got {snapshot_every_n_steps}")
         if predict_path is not None and type(self).read_inputs is BaseDataModule.read_inputs:

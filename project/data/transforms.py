@@ -88,6 +88,10 @@ def presets(
     """(train, eval) transforms: resize and center-crop, random crop and flip (train), to float tensors, normalize."""
     from torchvision.transforms import v2
 
+    if image_size is not None and image_size < 1:
+        raise ValueError(f"image_size must be >= 1 (pixels; null: keep the size), got {image_size}")
+    if crop_padding < 0:
+        raise ValueError(f"crop_padding must be >= 0 (pixels; 0: no random crop), got {crop_padding}")
     if crop_padding and image_size is None:
         raise ValueError("crop_padding needs image_size (the size to crop back to)")
     if (mean is None) != (std is None):
