@@ -32,8 +32,9 @@ def main(args: list[str] | None = None) -> None:
     from project.cli import build_cli
     from project.commands.doctor import apply_debug_switch
     from project.lightning_internals import LightningMismatch
-    from project.runs import restarts
+    from project.runs import lock, restarts
     from project.runs.folders import program_name
+    from project.runs.lock import RunFolderHeld
     from project.runtime import warm_restart
     from project.runtime.known_noise import silence_known_noise
     from project.runtime.process_exit import destroy_process_group
@@ -53,6 +54,10 @@ def main(args: list[str] | None = None) -> None:
     except LightningMismatch as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(exit_codes.REFUSED_EXIT_CODE)
+    except RunFolderHeld as error:  # only the run's owner checks (runs/lock.py): one line, not a usage error
+        print(f"error: {error}", file=sys.stderr)
+        restarts.record_outcome(exit_codes.REFUSED_EXIT_CODE, str(error))
+        sys.exit(exit_codes.REFUSED_EXIT_CODE)
     except StartupFailed as error:  # the ranks could not meet: already reported (runtime/rendezvous.py)
         restarts.record_outcome(error.exit_code, str(error))
         sys.exit(error.exit_code)
@@ -68,6 +73,7 @@ def main(args: list[str] | None = None) -> None:
     finally:
         EarlyInterrupt.disarm()
         destroy_process_group()
+        lock.release()  # the run folder, for the next fit on it (a process that dies releases it too)
 
 
 def run() -> None:
@@ -78,8 +84,10 @@ def run() -> None:
         main()
     except SystemExit as raised:
         stop = raised
-    except Exception:  # a crash: its traceback as the interpreter prints it, and the same exit code, 1
-        sys.excepthook(*sys.exc_info())
+    except Exception:  # a crash: its traceback (in a file, once training started: runs/failures.py), exit code 1
+        from project.runs.failures import report_crash
+
+        report_crash(*sys.exc_info())
         stop = SystemExit(1)
     from project.runtime import process_exit
 

@@ -32,7 +32,8 @@ from project.data import BaseDataModule
 from project.errors import ProjectArgumentParser, constructor_error
 from project.messages import first_line
 from project.module import ClassificationModule
-from project.runs import folders
+from project.runs import folders, lock, summary
+from project.runs.failures import FailureFile
 from project.runs.outputs import PredictionsWriter, ProgressBar, TestMetricsWriter
 from project.runtime import network
 from project.runtime.known_noise import silence_known_noise
@@ -175,11 +176,26 @@ class ProjectCLI(LightningCLI):
         stages = {self.subcommand} if self.subcommand else {"fit", "test", "predict"}  # run=False: any may follow
         if "fit" in stages and trainer.loggers:
             trainer.callbacks.append(LearningRateMonitor())
+        if "fit" in stages:
+            trainer.callbacks.append(FailureFile())
         if "test" in stages:
             trainer.callbacks.append(TestMetricsWriter())
         if "predict" in stages:
             trainer.callbacks.append(PredictionsWriter())
         return trainer
+
+    def before_fit(self) -> None:
+        """A run without numbered run folders trains in ``default_root_dir``, which its owner holds now, after every
+        refusal and before any rank starts (runs/lock.py; a numbered one is held when resumed or claimed)."""
+        config = self.config[self.subcommand]
+        if folders.versions_folder(config.trainer) is None and lock.owns_runs():
+            lock.hold(self.trainer.default_root_dir)
+
+    def after_fit(self) -> None:
+        summary.say_fit_ended(self.trainer)
+
+    def after_validate(self) -> None:
+        summary.say_validate_ended(self.trainer, self.config[self.subcommand].ckpt_path)
 
     def configured_callbacks(self) -> list:
         return self.configured("trainer").get("callbacks") or []

@@ -26,6 +26,7 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from project.checkpoints.files import checkpoint_meta, recover_interrupted_save
 from project.messages import report
+from project.runs.lock import LOCK_FILE, hold, owns_runs
 from project.runs.restarts import record_restart, srun_restart_count, warm_generation
 
 RUN_FOLDER = re.compile(r"version_(\d+)")
@@ -34,7 +35,7 @@ JOB_FILE = "slurm_job.txt"  # the SLURM job that last trained in a run folder: a
 # The constructor argument that names an existing run, per logger: MLflow's run_id, the others' version.
 RUN_ID_ARGS = ("run_id", "version")
 # What a run writes as it starts; a failed run's folder holding nothing else has nothing to keep (RunRecord).
-START_FILES = ("config*.yaml", "hparams.yaml", TRACKERS_FILE, JOB_FILE)
+START_FILES = ("config*.yaml", "hparams.yaml", TRACKERS_FILE, JOB_FILE, LOCK_FILE, "failure-rank*.txt")
 ANOTHER_EXPERIMENT = "is that run another experiment's? Give each its own trainer.default_root_dir"
 # Names Trainer.fit/test/... resolve themselves instead of reading a file ("last", "best", "auto" are resolved here).
 LIGHTNING_CKPT_ALIASES = ("hpc", "registry")
@@ -101,8 +102,9 @@ def use_newest_run(config: Namespace, resume: bool) -> RunPlan:
         where = fixed_checkpoint_folder(config) or versions_folder(config.trainer)
         raise RunFolderError(f"--ckpt_path {which}: no run with a last.ckpt in {where}; start one with fit")
     config.ckpt_path, folder = str(found[0]), found[1]
+    plan = continue_run(config, folder) if resume and folder is not None else RunPlan()  # refused if held
     rank_zero_only(report)(f"{'resuming from' if resume else 'loading'} {config.ckpt_path}")
-    return continue_run(config, folder) if resume and folder is not None else RunPlan()
+    return plan
 
 
 def resume_if_possible(config: Namespace) -> RunPlan:
@@ -157,7 +159,8 @@ def start_new_run(config: Namespace) -> RunPlan:
 def claim_run_folder(root: Path) -> int:
     """Creates the next ``version_N`` under ROOT and returns N. ``mkdir`` either creates a folder or fails: of fits
     that start at the same moment into one ``default_root_dir`` (a job array, two jobs), each gets its own. Lightning's
-    logger would pick one above the highest it lists, and two starts could pick the same (#11418, won't fix)."""
+    logger would pick one above the highest it lists, and two starts could pick the same (#11418, won't fix). The
+    claiming process holds it (runs/lock.py), so a later ``fit --ckpt_path last`` cannot train in it alongside."""
     root.mkdir(parents=True, exist_ok=True)
     version = next_run_number(root)
     while True:
@@ -166,6 +169,7 @@ def claim_run_folder(root: Path) -> int:
         except FileExistsError:
             version += 1
             continue
+        hold(root / f"version_{version}")  # new: nobody else holds it, but a later resume must find it held
         return version
 
 
@@ -284,7 +288,10 @@ def check_found_network(config: Namespace, named: str | None) -> None:
 
 def continue_run(config: Namespace, folder: Path) -> RunPlan:
     """Points the loggers at run FOLDER's own runs, so a resumed fit logs where it did before; the plan has a free
-    name for this attempt's config file (the run's first ``config.yaml`` is kept as it was)."""
+    name for this attempt's config file (the run's first ``config.yaml`` is kept as it was). The run's owner holds
+    the folder first (runs/lock.py): ``RunFolderHeld`` while another process trains in it."""
+    if owns_runs():
+        hold(folder)
     loggers = logger_configs(config.trainer)
     loggers[0].init_args.version = int(RUN_FOLDER.fullmatch(folder.name).group(1))
     trackers = json.loads((folder / TRACKERS_FILE).read_text()) if (folder / TRACKERS_FILE).is_file() else {}
@@ -311,6 +318,13 @@ def restart_count_known() -> bool:
 def is_empty_log(path: Path) -> bool:
     """A metrics file with at most its header line: no metric logged yet."""
     return path.name == "metrics.csv" and path.read_text().count("\n") <= 1
+
+
+def holds_nothing_to_keep(folder: Path) -> bool:
+    """Whether run FOLDER holds only what a run writes as it starts (and its failures' tracebacks): no checkpoint, no
+    metric. A new run that fails so leaves no folder (``RunRecord``), nor its tracebacks there (runs/failures.py)."""
+    files = [path for path in folder.rglob("*") if path.is_file()] if folder.is_dir() else []
+    return all(any(path.match(name) for name in START_FILES) or is_empty_log(path) for path in files)
 
 
 def restart_count() -> int:
@@ -341,8 +355,7 @@ class RunRecord(SaveConfigCallback):
         if trainer.global_rank != 0 or (folder := getattr(trainer.loggers[0], "log_dir", None)) is None:
             return
         folder = Path(folder)
-        files = [path for path in folder.rglob("*") if path.is_file()] if folder.is_dir() else []
-        if any(not any(path.match(name) for name in START_FILES) and not is_empty_log(path) for path in files):
+        if not holds_nothing_to_keep(folder):
             return
         shutil.rmtree(folder, ignore_errors=True)
         for parent in (folder.parent, Path(trainer.default_root_dir)):  # what claiming the folder created

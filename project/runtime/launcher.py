@@ -25,6 +25,7 @@ import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from project import lightning_internals as internals
+from project.runs.failures import report_crash
 from project.runtime import faults, process_exit, rendezvous
 
 
@@ -102,7 +103,7 @@ class ForkLauncher(internals.ScriptLauncher):
         except rendezvous.StartupFailed as error:  # reported by local rank 0
             code = error.exit_code
         except BaseException:
-            sys.excepthook(*sys.exc_info())  # as an uncaught exception ends a process
+            report_crash(*sys.exc_info())  # as an uncaught exception ends a process, the traceback in a file
             code = 1
         finally:
             process_exit.exit_now(code)
