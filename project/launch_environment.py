@@ -41,6 +41,15 @@ from lightning.fabric.plugins.environments import (
 
 PORT_RANGE = (1, 65535)
 DETECTED_IN_ORDER = (TorchElasticEnvironment, SLURMEnvironment, LSFEnvironment, MPIEnvironment)  # Lightning's order
+# The variables each environment's checks read (the fuzz test draws wrong values for each: tests/test_fuzz_inputs.py).
+CHECKED_VARIABLES = {
+    LightningEnvironment: ("MASTER_ADDR", "MASTER_PORT", "STANDALONE_PORT", "NODE_RANK", "GROUP_RANK", "LOCAL_RANK"),
+    TorchElasticEnvironment: (
+        *("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"),
+        *("GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE"),
+    ),
+    SLURMEnvironment: ("MASTER_ADDR", "MASTER_PORT"),
+}
 TORCHRUN_SIZES = {"LOCAL_RANK": "LOCAL_WORLD_SIZE", "ROLE_RANK": "ROLE_WORLD_SIZE", "GROUP_RANK": "GROUP_WORLD_SIZE"}
 
 

@@ -2,6 +2,11 @@
 configs, overlays combined. Every outcome is a command line that works or a refusal: exit 2, at most one screen
 (25 lines), no traceback, nothing written.
 
+The Trainer's numeric arguments and the launch environment's variables get their wrong values from the code itself:
+the Trainer's signature with each argument's range (``project/trainer_ranges.py``) and the variables each cluster
+environment's checks read (``project/launch_environment.py``): many per second through the check functions, a few
+through the command line, each refused with exit 2 in a line or two.
+
 Fast tier: parse and check only, in-process (``build_cli(run=False)`` parses, runs ``project/checks.py``
 and builds the Trainer, model and data, as a run would before starting). Slow tier: a few real fits, each its own
 process.
@@ -9,17 +14,23 @@ process.
 
 import contextlib
 import io
+import os
 import sys
 import tempfile
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from helpers import DIGITS_CONFIG, REPO, project_env, quick_args, run_project
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
+from lightning.fabric.plugins.environments import LightningEnvironment, SLURMEnvironment, TorchElasticEnvironment
+from lightning.pytorch import Trainer
 
 from project.checks import OVERSUBSCRIBE_VAR
 from project.cli import build_cli
+from project.launch_environment import CHECKED_VARIABLES, PORT_RANGE, environment_problem
+from project.trainer_ranges import TRAINER_RANGES, Amount, Batches, Count, Unchecked, numeric_arguments
 
 ONE_SCREEN = 25
 KEYS = (  # a sample of every kind of key: the Trainer's, the model's, the data's, the template's own
@@ -121,6 +132,145 @@ def test_every_wrong_input_works_or_is_refused_on_one_screen(args):
             assert "error:" in stderr and not (Path(folder) / "run").exists(), (args, stderr)
 
 
+SHORT = 3  # lines of stderr a refusal of one number or variable may take: the usage line, the error, a wrapped line
+FAST_SETTINGS = settings(max_examples=300, deadline=None, derandomize=True, phases=(Phase.explicit, Phase.generate))
+CLI_SETTINGS = settings(  # about 0.3 s each: parsed and checked, refused before anything is built
+    max_examples=12,
+    deadline=None,
+    derandomize=True,
+    phases=(Phase.explicit, Phase.generate),
+    suppress_health_check=[HealthCheck.too_slow],
+)
+TRAINER_NUMBERS = numeric_arguments(Trainer.__init__)
+
+
+def wrong_numbers(rule) -> st.SearchStrategy:
+    """Values outside RULE's range, from its own bounds: a new kind of rule must say here what is wrong for it."""
+    if isinstance(rule, Count):
+        return st.integers(max_value=rule.low - 1).filter(lambda value: value not in rule.special)
+    if isinstance(rule, Amount):
+        return st.floats(max_value=rule.low, allow_nan=False).filter(lambda value: value < rule.low)
+    if isinstance(rule, Batches):
+        fractions = st.floats(min_value=1, allow_nan=False).filter(lambda value: not value.is_integer())
+        below = st.floats(max_value=0, allow_nan=False).filter(lambda value: value < 0 or (rule.low and value == 0))
+        timed = [st.just("00:00:00:00")] if rule.timed else []
+        return st.one_of(st.integers(max_value=rule.low - 1), fractions, below, *timed)
+    assert isinstance(rule, Unchecked), f"say the wrong values of {type(rule).__name__}"
+    return st.integers(max_value=-2)  # refused by Lightning or the parser, naming it
+
+
+@st.composite
+def trainer_numbers(draw, checked_here: bool = False) -> tuple[str, object]:
+    """(an argument of the Trainer's signature that may be a number, a value outside its range)."""
+    names = [name for name in TRAINER_NUMBERS if not (checked_here and isinstance(TRAINER_RANGES[name], Unchecked))]
+    name = draw(st.sampled_from(names))
+    return name, draw(wrong_numbers(TRAINER_RANGES[name]))
+
+
+@FAST_SETTINGS
+@given(trainer_numbers(checked_here=True))
+def test_every_numeric_trainer_argument_refuses_its_wrong_values_in_one_line(case):
+    name, value = case
+    problem = TRAINER_RANGES[name].problem(f"trainer.{name}", value)
+    assert problem is not None and f"trainer.{name} must be" in problem and "\n" not in problem, (case, problem)
+
+
+@CLI_SETTINGS
+@given(trainer_numbers())
+@example(("val_check_interval", 0))
+@example(("check_val_every_n_epoch", 0))
+@example(("num_sanity_val_steps", -3))
+def test_a_trainer_number_out_of_its_range_is_refused_through_the_command_line(case):
+    name, value = case
+    with tempfile.TemporaryDirectory() as folder:
+        code, stderr = parse_and_check(["--config", str(DIGITS_CONFIG), f"--trainer.{name}", str(value)], Path(folder))
+        assert code == 2 and "error:" in stderr and f"{name}" in stderr, (case, code, stderr[-2000:])
+        # Not checked here (Unchecked): refused by Lightning or the parser, whose choices for precision take 9 lines.
+        short = ONE_SCREEN if isinstance(TRAINER_RANGES[name], Unchecked) else SHORT
+        assert "Traceback" not in stderr and len(stderr.splitlines()) <= short, (case, stderr)
+        assert not (Path(folder) / "run").exists()
+
+
+NOT_INTEGERS = st.text(alphabet="abcex.- ", max_size=6)  # no digit: int() refuses every one
+ADDRESSES = st.sampled_from(["", " ", "node 0", "10.0.0.1\t", "\n"])
+
+
+def wrong_launch_values(name: str, nodes: int, devices: int) -> st.SearchStrategy[str]:
+    """Values of the launch variable NAME that cannot work with NODES nodes of DEVICES processes: the range each
+    must be in, as torch, torchrun and Lightning use it."""
+    if name == "MASTER_ADDR":
+        return ADDRESSES
+    world = nodes * devices
+    ranges = {
+        **dict.fromkeys(("MASTER_PORT", "STANDALONE_PORT"), PORT_RANGE),
+        **dict.fromkeys(("NODE_RANK", "GROUP_RANK"), (0, nodes - 1)),
+        **dict.fromkeys(("RANK", "ROLE_RANK"), (0, world - 1)),
+        "LOCAL_RANK": (0, devices - 1),
+        "WORLD_SIZE": (world, world),
+        "LOCAL_WORLD_SIZE": (devices, devices),
+        "GROUP_WORLD_SIZE": (nodes, nodes),
+        "ROLE_WORLD_SIZE": (1, None),  # any size from 1 (a ROLE_RANK beyond it is ROLE_RANK's problem)
+    }
+    low, high = ranges[name]
+    below = st.integers(max_value=low - 1)
+    numbers = below if high is None else st.one_of(below, st.integers(min_value=high + 1))
+    return st.one_of(numbers.map(str), NOT_INTEGERS)
+
+
+def torchrun_variables(nodes: int, devices: int) -> dict[str, str]:
+    """What torchrun sets for the first process of the last node of NODES nodes of DEVICES processes."""
+    rank, world = (nodes - 1) * devices, nodes * devices
+    return {
+        "TORCHELASTIC_RUN_ID": "none",
+        **{"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "RANK": str(rank), "WORLD_SIZE": str(world)},
+        **{"LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": str(devices), "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(world)},
+        **{"GROUP_RANK": str(nodes - 1), "GROUP_WORLD_SIZE": str(nodes)},
+    }
+
+
+@st.composite
+def launch_cases(draw, quiet_ranks: bool = True) -> tuple[type, dict[str, str], int, int, str]:
+    """(an environment, its variables with one wrong, nodes, devices, the wrong one's name). QUIET_RANKS False: no
+    LOCAL_RANK but 0, whose process says the refusal (a launcher starts every process with the same command)."""
+    environment = draw(st.sampled_from(list(CHECKED_VARIABLES)))
+    nodes, devices = draw(st.integers(1, 4)), draw(st.integers(1, 8))
+    names = [name for name in CHECKED_VARIABLES[environment] if quiet_ranks or name != "LOCAL_RANK"]
+    name = draw(st.sampled_from(names))
+    variables = torchrun_variables(nodes, devices) if environment is TorchElasticEnvironment else {}
+    variables[name] = draw(wrong_launch_values(name, nodes, devices))
+    return environment, variables, nodes, devices, name
+
+
+@FAST_SETTINGS
+@given(launch_cases())
+def test_every_launch_variable_refuses_its_wrong_values_naming_it_and_its_value(case):
+    environment, variables, nodes, devices, name = case
+    problem = environment_problem(environment, variables, nodes, devices)
+    assert problem is not None and f"{name}={variables[name]!r} in the environment" in problem, (case, problem)
+    assert "\n" not in problem.replace(repr(variables[name]), "")
+
+
+LAUNCH_VARS = {name for names in CHECKED_VARIABLES.values() for name in names} | {"TORCHELASTIC_RUN_ID", "NODE_RANK"}
+
+
+@CLI_SETTINGS
+@given(launch_cases(quiet_ranks=False).filter(lambda case: case[0] is not SLURMEnvironment))
+@example((LightningEnvironment, {"MASTER_PORT": "99999"}, 1, 1, "MASTER_PORT"))
+@example((LightningEnvironment, {"MASTER_PORT": "abc"}, 1, 1, "MASTER_PORT"))
+@example((LightningEnvironment, {"NODE_RANK": "5"}, 2, 1, "NODE_RANK"))
+def test_a_launch_variable_out_of_its_range_is_refused_through_the_command_line(case):
+    """Through the parser with the environment set as a launcher would set it (SLURM's own counts: cli.py)."""
+    _, variables, nodes, devices, name = case
+    flags = ["--trainer.num_nodes", str(nodes), "--trainer.devices", str(devices)]
+    clean = {key: value for key, value in os.environ.items() if key not in LAUNCH_VARS and not key.startswith("SLURM_")}
+    with tempfile.TemporaryDirectory() as folder, mock.patch.dict(os.environ, {**clean, **variables}, clear=True):
+        os.environ[OVERSUBSCRIBE_VAR] = "1"  # devices up to 8 on this host's cores: not what is tested here
+        code, stderr = parse_and_check(["--config", str(DIGITS_CONFIG), *flags], Path(folder))
+        assert code == 2 and f"error: {name}=" in stderr, (case, code, stderr[-2000:])
+        assert "Traceback" not in stderr and len(stderr.splitlines()) <= SHORT + 1, (case, stderr)
+        assert not (Path(folder) / "run").exists()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("flags", "code", "message"),
@@ -139,3 +289,22 @@ def test_a_real_fit_works_or_is_refused_on_one_screen(tmp_path, flags, code, mes
     assert message in result.stdout + result.stderr and "Traceback" not in result.stderr
     assert len(result.stderr.splitlines()) <= ONE_SCREEN or code == 0, result.stderr
     assert (tmp_path / "run").exists() == (code == 0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("variables", "flags", "message"),
+    [
+        ({"MASTER_PORT": "99999"}, [], "MASTER_PORT='99999' in the environment"),
+        ({"NODE_RANK": "5"}, ["--trainer.num_nodes", "2"], "NODE_RANK='5' in the environment is out of range"),
+        ({}, ["--trainer.check_val_every_n_epoch", "0"], "trainer.check_val_every_n_epoch must be >= 1"),
+    ],
+    ids=["port-99999", "node-rank-5-of-2", "check-val-0"],
+)
+def test_a_real_fit_refuses_a_launch_variable_or_trainer_number_on_two_lines(tmp_path, variables, flags, message):
+    """A real process: the message as a user sees it, the exit code, and no run folder."""
+    env = project_env(**variables)
+    result = run_project("fit", *quick_args(tmp_path / "run", *flags), cwd=tmp_path, timeout=300, env=env)
+    assert result.returncode == 2 and message in result.stderr, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr and len(result.stderr.splitlines()) <= SHORT, result.stderr
+    assert not (tmp_path / "run").exists()
