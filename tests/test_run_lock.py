@@ -5,6 +5,7 @@ import errno
 import os
 import signal
 import socket
+import sys
 import time
 
 import pytest
@@ -157,3 +158,26 @@ def test_a_second_fit_on_a_run_folder_in_training_is_refused_and_a_dead_ones_is_
     assert ended[0].startswith(f"[project] fit ended (3 epochs, 60 steps): {where}")
     assert " val_acc 0." in ended[0] and " val_loss " in ended[0]
     assert not (folder / lock.LOCK_FILE).exists()  # released at the end
+    validated = run_in_process("validate", *quick_args(root, "--ckpt_path", "last"))
+    assert f"[project] validate ended ({last}): val_acc 0." in validated
+
+
+@pytest.mark.slow  # forks
+def test_without_a_logger_a_fit_into_a_held_default_root_dir_is_refused(tmp_path, capsys, monkeypatch):
+    """Without numbered run folders every fit trains in default_root_dir: held there, after every other refusal."""
+    from project.__main__ import main
+
+    monkeypatch.setattr(sys, "argv", ["project"])  # LightningCLI warns when both sys.argv and args are given
+    holder, pipe = in_child(lambda: lock.hold(tmp_path))
+    saved_env = dict(os.environ)  # the Trainer's seeding sets PL_GLOBAL_SEED
+    try:
+        with pytest.raises(SystemExit) as refused:
+            main(["fit", *quick_args(tmp_path, "--trainer.logger", "false")])
+    finally:
+        os.environ.clear()
+        os.environ.update(saved_env)
+        kill(holder)
+        os.close(pipe)
+    assert refused.value.code == 2
+    assert f"run folder {tmp_path} is being trained in by another process (host " in capsys.readouterr().err
+    assert sorted(path.name for path in tmp_path.iterdir()) == [lock.LOCK_FILE]  # the holder's, nothing more
