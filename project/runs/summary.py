@@ -41,11 +41,17 @@ def final_metrics(trainer: Trainer, prefixes: tuple[str, ...] = ("val", "test", 
         for name, value in trainer.callback_metrics.items()
         if isinstance(value, (torch.Tensor, float, int)) and (not isinstance(value, torch.Tensor) or value.numel() == 1)
     }
+    values = {name: value for name, value in values.items() if not _repeats(name, values)}
     rank = {name: next((i for i, prefix in enumerate(prefixes) if name.startswith(prefix)), None) for name in values}
     if any(order is not None for order in rank.values()):
         values = {name: value for name, value in values.items() if rank[name] is not None}
     names = sorted(values, key=lambda name: (rank[name] if rank[name] is not None else 0, name))[:MOST_METRICS]
     return ", ".join(f"{name} {_number(values[name])}" for name in names)
+
+
+def _repeats(name: str, values: dict[str, float]) -> bool:
+    """``train_loss_step`` beside ``train_loss``: Lightning's per-step copy of a metric logged on both."""
+    return name.endswith("_step") and name.removesuffix("_step") in values
 
 
 def _number(value: float) -> str:
@@ -61,7 +67,8 @@ def say_fit_ended(trainer: Trainer) -> None:
         parts.append(f"last checkpoint {checkpoint}")
     if metrics := final_metrics(trainer):
         parts.append(metrics)
-    done = f"{trainer.current_epoch} epochs, {trainer.global_step} steps"
+    epochs, steps = trainer.current_epoch, trainer.global_step
+    done = f"{epochs} epoch{'s' if epochs != 1 else ''}, {steps} step{'s' if steps != 1 else ''}"
     report(f"fit ended ({done}): {'; '.join(parts)}")
 
 
