@@ -377,6 +377,7 @@ def test_a_hung_rank_is_killed_by_its_peers_on_its_machine_only():
         heartbeat._store.set("1", f"18 {now - 10} {pid_space()} {hung.pid}")
         heartbeat._store.set("2", f"18 {now - 10} another-machine:1 {unrelated.pid}")
         heartbeat._store.set("3", f"18 {now - 10} {pid_space()} {ended.pid}")
+        heartbeat._store.append("ranks", "0,1,2,3,")
         assert wait_until(lambda: not is_alive(ended.pid), timeout=10)  # sleep 0 has ended, and is not reaped yet
         assert heartbeat.kill_stopped_ranks_here(4) == [f"rank 1 (pid {hung.pid}, on this machine) killed: it hung"]
         assert hung.wait(timeout=10) == -signal.SIGKILL

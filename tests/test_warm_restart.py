@@ -2,11 +2,14 @@
 which cause of an attempt's failure every supervisor reports. The restarts themselves run in tests/test_faults.py
 (scripts/torchrun.sh: a rank killed, then hung) and tests/test_slurm.py (the chaos job)."""
 
+import os
 import signal
+import time
 
 import pytest
 import torch.distributed as dist
 
+from project.checkpoints import writing
 from project.runtime import warm_restart
 from project.runtime.warm_restart import Supervisor
 
@@ -84,3 +87,44 @@ def test_a_rank_without_supervisor_says_nothing(monkeypatch):
     monkeypatch.setenv("MASTER_ADDR", "192.0.2.1")  # would time out if it tried to reach it
     monkeypatch.setenv("MASTER_PORT", "9")
     warm_restart.say_failed("rank 0/1 failed at step 1: RuntimeError: boom")
+
+
+def writing_rank(seconds: float) -> int:
+    """A forked rank that writes a checkpoint for SECONDS (``checkpoints/writing.py``'s mark), then exits 0."""
+    pid = os.fork()
+    if pid == 0:
+        with writing.writing():
+            time.sleep(seconds)
+        os._exit(0)
+    return pid
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("save_grace", "code", "said"),
+    [
+        (30.0, 0, "rank 0: finishing the checkpoint it writes before it ends"),
+        (0.5, -signal.SIGKILL, "rank 0: killed while writing a checkpoint"),
+    ],
+)
+def test_a_rank_writing_a_checkpoint_after_a_failure_finishes_it_before_its_supervisor_ends_it(
+    monkeypatch, capsys, save_grace, code, said
+):
+    """A peer's failure is written at once; the rank still writes for 3 s: its supervisor waits for the write (the
+    failed rank's own background save), or, past the save's grace, ends it and says the previous checkpoint stands."""
+    monkeypatch.setattr(warm_restart, "GRACE_S", 0.2)
+    monkeypatch.setattr(warm_restart, "SAVE_GRACE_S", save_grace)
+    watching, store = supervisor(rank=0)
+    warm_restart._failed(store, 0, "rank 1 exited with code 1")
+    start = time.monotonic()
+    assert watching._watch(writing_rank(3.0), 0) == (code, code != 0)
+    assert (time.monotonic() - start >= 3.0) is (code == 0)
+    assert said in capsys.readouterr().err
+
+
+def test_a_supervisor_waits_in_the_store_for_a_failure_instead_of_polling_it():
+    watching, store = supervisor(rank=0)
+    seen = watching._failure_seen(4)
+    assert not seen.wait(0.3)
+    warm_restart._failed(store, 4, "rank 1 exited with code 1")
+    assert seen.wait(5)

@@ -31,6 +31,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
 from lightning_utilities.core.apply_func import apply_to_collection
 
+from project.checkpoints.writing import writing
 from project.exit_codes import is_disk_full
 from project.messages import first_line
 
@@ -226,7 +227,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(f".{path.name}.partial")  # no *.ckpt name: never taken for a checkpoint
         try:
-            with open(partial, "wb") as file:
+            with writing(), open(partial, "wb") as file:
                 torch.save(checkpoint, file)
                 file.flush()
                 os.fsync(file.fileno())

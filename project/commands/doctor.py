@@ -243,7 +243,8 @@ def run_rank(env: ClusterEnvironment, args: argparse.Namespace) -> int:
     start = time.perf_counter()
     timeout = timedelta(seconds=args.timeout)
     nodes = count_nodes(env, args)
-    member = rendezvous.Member(rank, world, env.node_rank(), env.local_rank(), nodes, rendezvous.run_facts())
+    facts = rendezvous.run_facts()
+    member = rendezvous.Member(rank, world, env.node_rank(), env.local_rank(), nodes, facts, every_pair=True)
     try:
         store = rendezvous.join(address, port, member, timeout)
         with deadline(args.timeout + GRACE_S, f"rank {rank}/{world}: joining the process group"):

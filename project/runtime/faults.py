@@ -135,7 +135,8 @@ def finish_pending_save(trainer: Trainer) -> None:
 
 class Heartbeat:
     """Each rank's last step and when it reached it, written to the process group's store by a thread every
-    ``INTERVAL_S``; what the other ranks read when a collective times out, to name the rank that stopped.
+    ``INTERVAL_S`` or more (a node's ranks together at most once a second: the store serves every node); what the
+    other ranks read, once and in two requests, when a collective times out, to name the rank that stopped.
 
     A rank that hangs without dying (SIGSTOP, a dead node, a deadlock outside Python) stops beating; the ranks that
     wait for it in a collective fail at the process-group timeout, then name it, and kill it where it runs on their
@@ -145,12 +146,14 @@ class Heartbeat:
     collectives: ``TORCH_NCCL_DUMP_ON_TIMEOUT=1``.)
     """
 
-    INTERVAL_S = 2.0
-    STALE_AFTER_S = 3 * INTERVAL_S  # a rank whose beat is older has stopped (the clocks of nodes may differ a little)
+    INTERVAL_S = 2.0  # at least; a node's ranks together beat at most once a second (``start``)
+    STALE_AFTER = 3  # intervals: a rank whose beat is older has stopped (the clocks of nodes may differ a little)
     STALL_DUMP_FRACTION = 0.8
 
     def __init__(self) -> None:
         self.step, self.progress_at = 0, time.monotonic()
+        self.interval = self.INTERVAL_S
+        self._read_once: tuple[dict[int, Beat], list[int]] | None = None  # the beats, read at the failure
         self._me = ""  # this rank's pid_space() and pid, beside each beat
         self._store: dist.Store | None = None
         self._stopped: threading.Event | None = None  # made at start: callbacks are deep-copied before (EMA)
@@ -164,7 +167,10 @@ class Heartbeat:
         store = rendezvous.attempt_store(wait) or rendezvous.client_store(wait)
         self._store = dist.PrefixStore("project/heartbeat", store)
         self.step, self._me = trainer.global_step, f"{pid_space()} {os.getpid()}"
+        # One store serves every node: a node's ranks together beat at most once a second, whatever the run's size.
+        self.interval = max(self.INTERVAL_S, float(trainer.num_devices))
         self._store.set(str(trainer.global_rank), self._beat_value())  # the first beat, at once
+        self._store.append("ranks", f"{trainer.global_rank},")  # who beats: the failure reads them in one request
         self._stopped = threading.Event()
         self.progress_at = time.monotonic()
         stall_s = timeout.total_seconds() * self.STALL_DUMP_FRACTION
@@ -183,7 +189,7 @@ class Heartbeat:
 
     def _beat(self, rank: int, stall_s: float) -> None:
         dumped_at = None
-        while not self._stopped.wait(self.INTERVAL_S):
+        while not self._stopped.wait(self.interval):
             with contextlib.suppress(RuntimeError):  # the store's host does not answer: what suspects() reports
                 self._store.set(str(rank), self._beat_value())
             stalled = time.monotonic() - self.progress_at
@@ -230,22 +236,27 @@ class Heartbeat:
         return lines
 
     def _read(self, world_size: int) -> tuple[dict[int, "Beat"], list[int]]:
-        """Each rank's last beat, and the ranks that never beat or whose beat cannot be read."""
-        now, beats, silent = time.time(), {}, []
-        for rank in range(world_size):
-            try:
-                if not self._store.check([str(rank)]):  # never beat
-                    silent.append(rank)
-                    continue
-                step, at, space, pid = self._store.get(str(rank)).decode().split(" ")
-            except RuntimeError:  # the store is gone with its host
-                silent.append(rank)
-                continue
+        """Each rank's last beat, and the ranks that never beat or whose beat cannot be read: read once per failure, in
+        two requests (who beats, then every beat at once), whatever the number of ranks."""
+        if self._read_once is None:
+            self._read_once = self._read_all(world_size)
+        return self._read_once
+
+    def _read_all(self, world_size: int) -> tuple[dict[int, "Beat"], list[int]]:
+        now = time.time()
+        try:
+            ranks = sorted({int(rank) for rank in self._store.get("ranks").decode().split(",") if rank})
+            values = self._store.multi_get([str(rank) for rank in ranks])
+        except RuntimeError:  # the store is gone with its host
+            return {}, list(range(world_size))
+        beats = {}
+        for rank, value in zip(ranks, values, strict=True):
+            step, at, space, pid = value.decode().split(" ")
             beats[rank] = Beat(int(step), now - float(at), space, int(pid))
-        return beats, silent
+        return beats, [rank for rank in range(world_size) if rank not in beats]
 
     def _stopped_ranks(self, beats: dict[int, "Beat"]) -> list[int]:
-        return [rank for rank, beat in beats.items() if beat.age > self.STALE_AFTER_S]
+        return [rank for rank, beat in beats.items() if beat.age > self.STALE_AFTER * self.interval]
 
 
 class Beat(NamedTuple):

@@ -10,7 +10,13 @@ group forms, through the same TCP store it will use (public torch API), the rank
 2. every global rank arrives once (a node that never comes is named; two nodes with one NODE_RANK are refused);
 3. every node runs the same thing (template, torch and Lightning versions, the resolved config);
 4. the nodes reach each other on the interface training will use, on another port than MASTER_PORT (a firewall that
-   lets the rendezvous through but not the data connections).
+   lets the rendezvous through but not the data connections): each node probes the next on a ring, so a node the
+   others cannot reach is named by the one before it.
+
+Written for thousands of nodes: each rank makes a fixed number of store requests whatever the world size, waits in
+the store (its server answers when the awaited key is set) instead of polling it, and each node opens one probe and
+accepts one (``doctor`` probes every pair). 1,024 simulated nodes meet in about 2 s on 2 cores
+(``python -m benchmarks.scale``, docs/multi-node.md).
 
 The store then serves the process group, with the training timeout.
 """
@@ -41,10 +47,11 @@ from project.runtime import network
 REFUSED = REFUSED_EXIT_CODE  # a setting that cannot work: restarting would end the same way
 # The network did not let the ranks meet: may be transient, and the launchers' restarts may retry it.
 UNREACHED = CRASHED_EXIT_CODE
-POLL_S = 0.1
+RETRY_S, RETRY_MAX_S = 0.1, 2.0  # between connection attempts to a store not listening yet
 LINGER_S = 5.0
 PROBE_S = 5.0  # a data connection that has not opened in this long is dropped on the way
 NOTICE_S = 2.0  # rank 0 says whom it waits for once the others are this late
+PROBES_PER_NODE = 1  # data connections each node opens at start-up (and accepts): the next nodes on a ring
 # The store's key space for the process group, apart from the start-up's.
 PROCESS_GROUP_KEYS = "project/process_group"
 NODE_LOCAL_KEYS = (
@@ -74,6 +81,7 @@ class Member:
     local_rank: int
     nodes: int
     facts: dict[str, str] = field(default_factory=dict)  # what every node must agree on (``run_facts``)
+    every_pair: bool = False  # probe every other node (the doctor's full check), not only the ring's next ones
 
     @property
     def per_node(self) -> int:
@@ -142,9 +150,14 @@ def open_store(address: str, port: int, member: Member, timeout: timedelta, serv
 def _linger(store: dist.Store, member: Member) -> None:
     """Rank 0 serves the store: it waits (a few seconds at most) for the ranks that came to read why they end."""
     startup = dist.PrefixStore("project/startup", store)
-    deadline = time.monotonic() + LINGER_S
-    while time.monotonic() < deadline and startup.add("ended", 0) < startup.add("connected", 0) - 1:
-        time.sleep(POLL_S)
+    if startup.add("ended", 0) < startup.add("connected", 0) - 1:
+        _wait(startup, "gate/ended", LINGER_S)
+
+
+def _ended(store: dist.Store) -> None:
+    """This rank has read why the start-up failed; the last one to do so lets rank 0's store go (``_linger``)."""
+    if store.add("ended", 1) >= store.add("connected", 0) - 1:
+        store.set("gate/ended", "1")
 
 
 def _is_local(ip: str) -> bool:
@@ -199,18 +212,21 @@ def attempt_prefix() -> str | None:
 
 
 def check_members(store: dist.Store, member: Member, deadline: float, where: str) -> None:
-    """Steps 2-4 above, through STORE (which torchrun's agent may have started): raises ``StartupFailed``."""
+    """Steps 2-4 above, through STORE (which torchrun's agent may have started): raises ``StartupFailed``.
+
+    Each rank makes a fixed number of store requests, whatever the world size, and waits in the store (the server
+    wakes it) instead of polling; each node opens one probe connection and accepts one (its neighbour's on a ring)."""
     store = dist.PrefixStore("project/startup", store)
-    listener = _listen() if member.local_rank == 0 else None
+    listener = Listener() if member.local_rank == 0 else None
     try:
         _arrive(store, member, listener)
         _wait_for_all(store, member, deadline, where)
-        verdict = _disagreement(store, member) or (_probe_nodes(store, member, deadline) if listener else "")
+        verdict = _disagreement(store, member) or (_probe_neighbour(store, member, deadline) if listener else "")
         _agree_on_verdicts(store, member, verdict, deadline, where)
     except StartupFailed:
         if member.rank != 0:
             with contextlib.suppress(RuntimeError):  # the store's host may be gone already
-                store.add("ended", 1)
+                _ended(store)
         raise
     finally:
         if listener is not None:
@@ -250,6 +266,7 @@ def _serve(address: str, port: int, world: int, timeout: timedelta) -> dist.Stor
 def _reach(address: str, ip: str, port: int, deadline: float, member: Member) -> None:
     """Connects to the store's port until it answers or the deadline passes; says why it never did."""
     last: OSError | None = None
+    pause = RETRY_S
     while True:
         try:
             socket.create_connection((ip, port), timeout=max(min(PROBE_S, _left_s(deadline)), 0.1)).close()
@@ -258,7 +275,8 @@ def _reach(address: str, ip: str, port: int, deadline: float, member: Member) ->
             last = error if error.errno or last is None or not last.errno else last
         if _left_s(deadline) <= 0:
             break
-        time.sleep(min(POLL_S * 2, max(_left_s(deadline), 0)))
+        time.sleep(min(pause, max(_left_s(deadline), 0)))
+        pause = min(pause * 2, RETRY_MAX_S)  # node 0 not up yet: back off, so a thousand nodes do not hammer it
     raise StartupFailed(_unreached(address, ip, port, last, member, deadline), UNREACHED)
 
 
@@ -273,7 +291,7 @@ def _connect(address: str, port: int, world: int, deadline: float) -> dist.Store
         except BaseException as error:  # handed to the main thread
             built.append(error)
 
-    builder = threading.Thread(target=build, name="rendezvous-connect", daemon=True)
+    builder = threading.Thread(target=build, name=f"{threading.current_thread().name}-connect", daemon=True)
     builder.start()
     builder.join(max(_left_s(deadline), 1.0))
     if not built:
@@ -308,14 +326,33 @@ def _unreached(address: str, ip: str, port: int, error: OSError | None, member: 
     )
 
 
-def _listen() -> socket.socket:
-    """A socket on the address this node's data connections will use, on a port of the kernel's choosing."""
-    address = _data_address()
-    family = socket.AF_INET6 if ":" in address else socket.AF_INET
-    listener = socket.socket(family, socket.SOCK_STREAM)
-    listener.bind((address, 0))
-    listener.listen(64)
-    return listener
+class Listener:
+    """A socket on the address this node's data connections will use, on a port of the kernel's choosing, accepting
+    (and closing) what a neighbour's probe opens: a listener that never accepts drops connections beyond its backlog,
+    which reads as a firewall."""
+
+    def __init__(self) -> None:
+        address = _data_address()
+        self.socket = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_STREAM)
+        self.socket.bind((address, 0))
+        self.socket.listen(128)  # a burst of the doctor's probes waits here for the accepting thread
+        threading.Thread(target=self._accept, name="rendezvous-probe-listener", daemon=True).start()
+
+    def address(self) -> list:
+        return list(self.socket.getsockname()[:2])
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                connection, _ = self.socket.accept()
+            except OSError:  # closed: the start-up is over
+                return
+            connection.close()
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.socket.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept() (Linux); close() alone does not
+        self.socket.close()
 
 
 def _data_address() -> str:
@@ -330,7 +367,7 @@ def _data_address() -> str:
         return "127.0.0.1"
 
 
-def _arrive(store: dist.Store, member: Member, listener: socket.socket | None) -> None:
+def _arrive(store: dist.Store, member: Member, listener: Listener | None) -> None:
     host = socket.gethostname()
     store.add("connected", 1)  # rank 0 waits for as many to end before its store goes (``_linger``)
     claims = store.add(f"claim/{member.rank}", 1)
@@ -341,32 +378,50 @@ def _arrive(store: dist.Store, member: Member, listener: socket.socket | None) -
             f"two processes started as global rank {member.rank}: NODE_RANK {member.node_rank} is set on two nodes"
             f" ({first} and {host}); give each node its own NODE_RANK, 0 to {member.nodes - 1}"
         )
-        store.set("failed", json.dumps([REFUSED, message]))
+        _fail(store, REFUSED, message)
         raise StartupFailed(message, REFUSED)
     store.set(f"claim/{member.rank}/1", host)
-    record = {"host": host, "node": member.node_rank, "facts": member.facts}
+    record = {"host": host, "node": member.node_rank, "facts": _digest(member.facts)}
+    if member.rank == 0:  # the facts every other rank compares its own with, read only where they differ
+        store.set("facts/0", json.dumps(member.facts))
     if listener is not None:
-        record["probe"] = list(listener.getsockname()[:2])
+        record["probe"] = listener.address()
     store.set(f"member/{member.rank}", json.dumps(record))
-    store.add("arrived", 1)
+    store.append("arrivals", f"{member.rank},")  # one record of who came, read only to name who did not
+    if store.add("arrived", 1) == member.world:
+        store.set("gate/arrived", "1")
 
 
 def _wait_for_all(store: dist.Store, member: Member, deadline: float, where: str) -> None:
-    notice = time.monotonic() + NOTICE_S if member.rank == 0 else float("inf")
-    while store.add("arrived", 0) < member.world:
-        _raise_if_failed(store)
-        if _left_s(deadline) <= 0:
-            _missing(store, member, where)
-        if time.monotonic() > notice:  # a node started by hand elsewhere: say what node 0 waits for, once
-            report(f"rendezvous at {where}: waiting for {_absent(store, member)}, up to the start-up timeout")
-            notice = float("inf")
-        time.sleep(POLL_S)
+    """Waits in the store until the last rank has arrived; rank 0 says whom it waits for once the others are late (a
+    node started by hand elsewhere)."""
+    notice = None
+    if member.rank == 0:
+        notice = threading.Timer(NOTICE_S, _notice_absent, args=(store, member, where))
+        notice.daemon = True
+        notice.start()
+    try:
+        arrived = _wait(store, "gate/arrived", _left_s(deadline))
+    finally:
+        if notice is not None:
+            notice.cancel()
     _raise_if_failed(store)
+    if not arrived:
+        _missing(store, member, where)
+
+
+def _notice_absent(store: dist.Store, member: Member, where: str) -> None:
+    with contextlib.suppress(RuntimeError):  # a store gone meanwhile: the waiting main thread says so
+        store = store.clone()  # a connection of its own: the main thread's is held by its wait
+        if not store.check(["gate/arrived"]):
+            report(f"rendezvous at {where}: waiting for {_absent(store, member)}, up to the start-up timeout")
 
 
 def _absent(store: dist.Store, member: Member) -> str:
-    """The ranks not arrived yet, with their nodes, in words."""
-    absent = [rank for rank in range(member.world) if not store.check([f"member/{rank}"])]
+    """The ranks not arrived yet, with their nodes, in words (one read of the arrivals' record)."""
+    arrivals = store.get("arrivals").decode() if store.check(["arrivals"]) else ""
+    arrived = {int(rank) for rank in arrivals.split(",") if rank}
+    absent = [rank for rank in range(member.world) if rank not in arrived]
     nodes = sorted({rank // member.per_node for rank in absent})
     listed = ", ".join(map(str, absent[:8])) + (" ..." if len(absent) > 8 else "")
     node_words = "node rank " + ", ".join(map(str, nodes)) if len(nodes) < 9 else f"{len(nodes)} nodes"
@@ -383,18 +438,19 @@ def _missing(store: dist.Store, member: Member, where: str) -> None:
 
 
 def _disagreement(store: dist.Store, member: Member) -> str:
-    """What this rank runs differently from rank 0, in words ("" when nothing)."""
+    """What this rank runs differently from rank 0, in words ("" when nothing): digests compared, facts read only
+    where they differ."""
     if member.rank == 0:
         return ""
     theirs = json.loads(store.get("member/0"))
-    differ = sorted(
-        key for key in set(member.facts) | set(theirs["facts"]) if member.facts.get(key) != theirs["facts"].get(key)
-    )
-    if not differ:
+    if _digest(member.facts) == theirs["facts"]:
         return ""
+    their_facts = json.loads(store.get("facts/0"))
+    differ = sorted(
+        key for key in set(member.facts) | set(their_facts) if member.facts.get(key) != their_facts.get(key)
+    )
     shown = "; ".join(
-        f"{key}: {theirs['facts'].get(key, '(none)')} there, {member.facts.get(key, '(none)')} here"
-        for key in differ[:3]
+        f"{key}: {their_facts.get(key, '(none)')} there, {member.facts.get(key, '(none)')} here" for key in differ[:3]
     )
     more = f" (and {len(differ) - 3} more)" if len(differ) > 3 else ""
     return json.dumps(
@@ -406,13 +462,25 @@ def _disagreement(store: dist.Store, member: Member) -> str:
     )
 
 
-def _probe_nodes(store: dist.Store, member: Member, deadline: float) -> str:
-    """Opens a connection from this node to every other node's listener, what gloo and NCCL will do on other ports
-    than MASTER_PORT; records each (``connections``) and returns the first failure in words ("" when none)."""
+def _digest(facts: dict[str, str]) -> str:
+    return hashlib.sha1(json.dumps(facts, sort_keys=True).encode()).hexdigest()
+
+
+def neighbours(node: int, nodes: int, count: int = PROBES_PER_NODE) -> list[int]:
+    """The nodes NODE probes: the next COUNT on a ring. Every node is probed by as many, so a node that the others
+    cannot reach is named by its predecessor, whatever the number of nodes."""
+    return sorted({(node + step) % nodes for step in range(1, count + 1)} - {node})
+
+
+def _probe_neighbour(store: dist.Store, member: Member, deadline: float) -> str:
+    """Opens a connection from this node to its neighbours' listeners (``neighbours``), what gloo and NCCL will do on
+    other ports than MASTER_PORT; records each (``connections``) and returns the first failure in words ("" when
+    none)."""
     opened = []
-    for rank in range(0, member.world, member.per_node):
-        record = json.loads(store.get(f"member/{rank}"))
-        if record["node"] == member.node_rank or "probe" not in record:
+    count = member.nodes - 1 if member.every_pair else PROBES_PER_NODE
+    for node in neighbours(member.node_rank, member.nodes, count):
+        record = json.loads(store.get(f"member/{node * member.per_node}"))
+        if "probe" not in record:
             continue
         host, port = record["probe"]
         seconds = max(min(PROBE_S, _left_s(deadline)), 0.5)
@@ -459,19 +527,36 @@ def connections(store: dist.Store) -> list[str]:
 
 
 def _agree_on_verdicts(store: dist.Store, member: Member, verdict: str, deadline: float, where: str) -> None:
-    """Every rank learns every other rank's verdict, so that all end together with the same message."""
-    store.set(f"verdict/{member.rank}", verdict)
-    store.add("checked", 1)
-    while store.add("checked", 0) < member.world:
-        _raise_if_failed(store)
-        if _left_s(deadline) <= 0:
-            _missing(store, member, where)
-        time.sleep(POLL_S / 5)
-    for rank in range(member.world):
-        found = store.get(f"verdict/{rank}").decode()
-        if found:
-            code, message = json.loads(found)
-            raise StartupFailed(message, code)
+    """Every rank ends with the first failure any rank found, or goes on once every rank has found none."""
+    if verdict:
+        _fail(store, *json.loads(verdict))
+    if store.add("checked", 1) == member.world:
+        store.set("gate/checked", "1")
+    checked = _wait(store, "gate/checked", _left_s(deadline))
+    _raise_if_failed(store)
+    if not checked:
+        _missing(store, member, where)
+
+
+def _fail(store: dist.Store, code: int, message: str) -> None:
+    """Records the start-up's failure (the first one written stands) and wakes every rank waiting at a gate."""
+    store.compare_set("failed", "", json.dumps([code, message]))
+    for gate in ("gate/arrived", "gate/checked"):
+        store.set(gate, "1")
+
+
+def _wait(store: dist.Store, key: str, seconds: float) -> bool:
+    """Blocks until KEY is in STORE (the store's server answers when it is set: no polling) or SECONDS pass;
+    whether it came."""
+    if store.check([key]):
+        return True
+    if seconds <= 0:
+        return False
+    try:
+        store.wait([key], timedelta(seconds=seconds))
+    except dist.DistStoreError:  # the wait's timeout; a lost store raises DistNetworkError
+        return store.check([key])
+    return True
 
 
 def _raise_if_failed(store: dist.Store) -> None:

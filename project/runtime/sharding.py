@@ -28,6 +28,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from project import lightning_internals as internals
 from project.checkpoints.files import METADATA_FILE, check_sharded, fsync_folder, is_sharded, remove
+from project.checkpoints.writing import until_done, writing
 from project.runtime.strategy import STARTUP_TIMEOUT, MeetsFirst
 
 
@@ -139,13 +140,12 @@ class FSDP2Strategy(MeetsFirst, ModelParallelStrategy):
         if self.global_rank == 0:
             torch.save(checkpoint, partial / METADATA_FILE)  # loops, callbacks, RNG states: small
         if self._save_group is not None:
-            self._pending = (
-                dcp.async_save(state, checkpoint_id=partial, process_group=self._save_group, async_stager=self._stager),
-                partial,
-                path,
-            )
+            group, stager = self._save_group, self._stager
+            save = dcp.async_save(state, checkpoint_id=partial, process_group=group, async_stager=stager)
+            self._pending = (until_done(save), partial, path)
             return
-        dcp.save(state, checkpoint_id=partial)
+        with writing():
+            dcp.save(state, checkpoint_id=partial)
         self._promote(partial, path)
 
     def finish_pending_save(self) -> None:

@@ -12,8 +12,11 @@ The supervisors share a TCP store at MASTER_ADDR:MASTER_PORT: torchrun's agent's
 of rank 0 serves (from a process of its own), where the ranks then meet as under torchrun
 (``rendezvous.attempt_store``); a one-task SLURM job has nobody to agree with, and its rank serves its own. The
 first cause of an attempt's failure is written there (``say_failed``: by the rank that saw it, else by its
-supervisor); the other supervisors give their ranks ``GRACE_S`` to end by themselves, then kill them: a rank hung
-on another machine ends within seconds, not after the launcher's grace of 30 s.
+supervisor); every supervisor learns it from a wait in the store (no polling: a thousand supervisors cost the store
+nothing while the run trains), and gives its rank ``GRACE_S`` to end by itself, then kills it: a rank hung on another
+machine ends within seconds, not after the launcher's grace of 30 s. A rank still writing a checkpoint then (the
+failed rank finishing its background save) is given up to ``SAVE_GRACE_S`` more; cut past it, the write leaves the
+previous checkpoint whole (atomic saves), and the supervisor says so.
 
 The fork is safe because the supervisor has run nothing but imports: no CUDA (checked: the rank runs in place, with
 the launcher's restarts only, if CUDA has started), no OpenMP pool. Signals reach the rank as they would reach a
@@ -26,6 +29,7 @@ import ctypes
 import os
 import signal
 import sys
+import threading
 import time
 from datetime import timedelta
 from types import FrameType
@@ -34,6 +38,7 @@ import torch
 import torch.distributed as dist
 from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
 
+from project.checkpoints import writing
 from project.exit_codes import FINAL_EXIT_CODES
 from project.messages import report
 from project.runs import restarts
@@ -43,8 +48,10 @@ from project.runtime.requeue_signal import EarlyRequeueSignal
 from project.runtime.strategy import STARTUP_TIMEOUT
 
 BUDGET_VAR = "PROJECT_WARM_RESTARTS"
-POLL_S = 0.05
+POLL_S = 0.05  # for the rank's own end (waitpid), never the store
 GRACE_S = 5.0  # for a rank whose peer failed to fail by itself (a dropped connection) before it is killed
+SAVE_GRACE_S = 120.0  # more, for a rank still writing a checkpoint
+WAIT_FOREVER = timedelta(days=365)  # a supervisor waits in the store for its attempt's failure for the run's life
 STORE_TIMEOUT = STARTUP_TIMEOUT  # for the supervisors to meet: the strategy's default
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 PR_SET_PDEATHSIG = 1
@@ -85,6 +92,7 @@ class Supervisor:
         self.store, self.budget = store, budget
         self.rank = int(os.environ.get("RANK") or os.environ.get("SLURM_PROCID") or 0)
         self.stopping = False  # a stop signal came: the attempt running ends for good
+        self.waited_for_save = False  # said once per failure that the rank is given time to finish its checkpoint
 
     def run(self) -> None:
         EarlyInterrupt.disarm()  # the supervisor waits for its rank's own stop, however long its save takes
@@ -110,6 +118,7 @@ class Supervisor:
 
     def _fork(self, generation: int) -> int:
         sys.stdout.flush(), sys.stderr.flush()  # a buffered line would be printed by both processes
+        writing.reset()
         pid = os.fork()
         if pid == 0:  # the rank: signals as a started process has them, and the attempt it is
             _die_with_parent()
@@ -122,20 +131,54 @@ class Supervisor:
         return pid
 
     def _watch(self, pid: int, generation: int) -> tuple[int, bool]:
-        """Waits for the rank to end; kills it ``GRACE_S`` after a peer's failure. Returns its exit code, and whether
-        this supervisor killed it."""
-        peer_failed_at, killed_here = None, False
+        """Waits for the rank to end; kills it ``GRACE_S`` after a peer's failure (longer while it finishes a
+        checkpoint: ``_may_end``). Returns its exit code, and whether this supervisor killed it. The store is not
+        polled: a thread waits in it for the attempt's failure (``_failure_seen``); the rank's own state is local."""
+        failed = self._failure_seen(generation)
+        failed_at, killed_here, self.waited_for_save = None, False, False
         while True:
             ended, status = os.waitpid(pid, os.WNOHANG)
             if ended:
                 return os.waitstatus_to_exitcode(status), killed_here
-            if peer_failed_at is None and self._has_failed(generation):
-                peer_failed_at = time.monotonic()
-            if peer_failed_at is not None and time.monotonic() - peer_failed_at > GRACE_S:
+            if failed_at is None and failed.is_set():
+                failed_at = time.monotonic()
+            if not killed_here and failed_at is not None and self._may_end(pid, time.monotonic() - failed_at):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
                     killed_here = True
             time.sleep(POLL_S)
+
+    def _failure_seen(self, generation: int) -> threading.Event:
+        """Set once the attempt's failure is written: a thread blocks in the store's ``wait`` (the server answers when
+        the key is set), on a connection of its own, so that the supervisor's other requests do not queue behind it."""
+        seen = threading.Event()
+
+        def wait() -> None:
+            with contextlib.suppress(RuntimeError):  # the store's host has ended: the launcher ends this process
+                self.store.clone().wait([f"failed/{generation}"], WAIT_FOREVER)
+                seen.set()
+
+        threading.Thread(target=wait, name=f"failure-of-attempt-{generation}", daemon=True).start()
+        return seen
+
+    def _may_end(self, pid: int, since_failure: float) -> bool:
+        """Whether the rank may be killed now: ``GRACE_S`` after the failure, or, while it writes a checkpoint (a
+        background save the failing rank finishes before it exits), once the write is done, a stopped rank's at once,
+        or after ``SAVE_GRACE_S``, when the cut write leaves the previous checkpoint whole (atomic saves)."""
+        if since_failure <= GRACE_S:
+            return False
+        if not writing.in_progress():
+            return True
+        if _is_stopped(pid) or since_failure > GRACE_S + SAVE_GRACE_S:
+            report(
+                f"rank {self.rank}: killed while writing a checkpoint ({since_failure:.0f} s after the failure); the"
+                " write is cut, the previous checkpoint stays whole and the next attempt resumes from it"
+            )
+            return True
+        if not self.waited_for_save:
+            self.waited_for_save = True
+            report(f"rank {self.rank}: finishing the checkpoint it writes before it ends (up to {SAVE_GRACE_S:.0f} s)")
+        return False
 
     def _cause(self, generation: int, code: int, killed_here: bool = False) -> str:
         """The attempt's cause of failure, the same for every supervisor: a rank killed from outside (not by this
@@ -151,7 +194,7 @@ class Supervisor:
             self.store.set(f"failed/{generation}", mine)
         return mine
 
-    def _has_failed(self, generation: int) -> bool:
+    def _has_failed(self, generation: int) -> bool:  # once, after the rank has ended
         try:
             return self.store.check([f"failed/{generation}"])
         except RuntimeError:  # the store's host has ended (rank 0's run ended for good): the launcher ends this one
@@ -225,6 +268,15 @@ def _serve_apart(address: str, port: int, member: rendezvous.Member) -> None:
     if failed:
         code, message = failed.split(" ", 1)
         raise rendezvous.StartupFailed(message, int(code))
+
+
+def _is_stopped(pid: int) -> bool:
+    """Whether PID is stopped (SIGSTOP, a debugger): it cannot finish a write."""
+    try:
+        with open(f"/proc/{pid}/stat") as file:
+            return file.read().rpartition(")")[2].split()[0] in ("T", "t")
+    except OSError:
+        return False
 
 
 def _die_with_parent() -> None:
