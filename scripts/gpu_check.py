@@ -6,9 +6,9 @@ Writes ``runs/gpu_check/gpu_check.json`` (one entry per check: passed, seconds, 
 command's output). Checks: the doctor; a 1-GPU fit with configs/gpu.yaml (NCCL, bf16) to test accuracy >= 0.90, and
 a ``test`` of its checkpoint; the same fit with ``torch.cuda.set_sync_debug_mode("error")`` on for the steady steps
 between logging steps (any host sync there fails the run); configs/fsdp.yaml (FSDP2) on 1 GPU, with and without
-bf16 parameters (its mixed-precision policy); torch.compile; the suite's
-GPU tests (in-memory data on the device); the benchmark's CUDA rows. Each fit reports its last logged MFU. Exit code 0
-only when every check passed.
+bf16 parameters (its mixed-precision policy); torch.compile; no CUDA call before a warm-restart supervisor forks; the
+suite's GPU tests (in-memory data on the device); the benchmark's CUDA rows. Each fit reports its last logged MFU.
+Exit code 0 only when every check passed.
 """
 
 import csv
@@ -57,6 +57,30 @@ def project(log, *args: str, timeout: float = 240) -> tuple[int, str]:
     return run(log, sys.executable, "-m", "project", *args, timeout=timeout)
 
 
+# What a warm-restart supervisor runs before it forks its rank (project/__main__.py, runtime/warm_restart.py), in a
+# fresh interpreter whose CUDA entry points count their calls: a forked rank cannot use a CUDA context made before.
+CUDA_BEFORE_FORK = """
+import json, torch
+calls = []
+for name in ("_cuda_init", "_cuda_getDeviceCount"):
+    real = getattr(torch._C, name, None)
+    if real is not None:
+        setattr(torch._C, name, lambda *a, _real=real, _name=name: calls.append(_name) or _real(*a))
+import project.__main__, project.cli, project.runtime.warm_restart as warm_restart
+from project.commands.doctor import apply_debug_switch
+from project.runtime.known_noise import silence_known_noise
+apply_debug_switch()
+silence_known_noise()
+print(json.dumps({"calls": calls, "initialized": torch.cuda.is_initialized()}))
+"""
+
+
+def cuda_before_fork(log) -> dict[str, Any]:
+    code, output = run(log, sys.executable, "-c", CUDA_BEFORE_FORK)
+    found = json.loads(output.strip().splitlines()[-1]) if code == 0 else None
+    return {"passed": found == {"calls": [], "initialized": False}, "found": found}
+
+
 def test_acc(root: Path) -> float | None:
     found = sorted(root.glob("lightning_logs/version_*/test_metrics.json"))
     return json.loads(found[-1].read_text())["test_acc"] if found else None
@@ -96,6 +120,7 @@ def checks(log) -> dict[str, Any]:
     return {
         "gpu_tests": {"passed": gpu_tests_code == 0 and " skipped" not in gpu_tests, "report": gpu_tests[-500:]},
         "doctor": {"passed": doctor_code == 0, "report": doctor[-2000:]},
+        "no_cuda_before_the_supervisors_fork": cuda_before_fork(log),
         "fit_gpu_yaml_bf16": fit_and_test(log, "fit"),
         "no_host_sync_in_steady_steps": {"passed": sync_code == 0, "error": sync_output[-500:] if sync_code else None},
         "fsdp_one_gpu": fit_and_test(log, "fsdp", "--config", "configs/fsdp.yaml", "--trainer.devices", "1"),

@@ -2,12 +2,16 @@
 which cause of an attempt's failure every supervisor reports. The restarts themselves run in tests/test_faults.py
 (scripts/torchrun.sh: a rank killed, then hung) and tests/test_slurm.py (the chaos job)."""
 
+import json
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
 import torch.distributed as dist
+from helpers import REPO
 
 from project.checkpoints import writing
 from project.runtime import warm_restart
@@ -128,3 +132,17 @@ def test_a_supervisor_waits_in_the_store_for_a_failure_instead_of_polling_it():
     assert not seen.wait(0.3)
     warm_restart._failed(store, 4, "rank 1 exited with code 1")
     assert seen.wait(5)
+
+
+@pytest.mark.slow
+def test_a_supervisor_makes_no_cuda_call_before_it_forks_its_rank():
+    """The GPU check's own probe (scripts/gpu_check.py), here on a CUDA build of torch without a device: every CUDA
+    entry point's calls counted, none made by what the supervisor runs before its fork."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        from gpu_check import CUDA_BEFORE_FORK
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    done = subprocess.run([sys.executable, "-c", CUDA_BEFORE_FORK], cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"calls": [], "initialized": False}
