@@ -29,6 +29,7 @@ import re
 import resource
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import threading
@@ -40,6 +41,7 @@ from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
 
+import torch
 import torch.distributed as dist
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler, RendezvousTimeout
@@ -267,6 +269,32 @@ def measure_torch(nodes: int, join_timeout: float) -> Startup:
     return Startup(nodes, nodes - len(failures), seconds, 0, repr(failures[0])[:200] if failures else "")
 
 
+def measure_agreement(nodes: int, rounds: int = 20) -> float:
+    """Median seconds of the preemption agreement (``runtime/preemption.py``: every rank sums a flag per rank over
+    gloo) among NODES ranks, a gloo process group each, on threads. gloo connects every rank to every other (torch's
+    full mesh): N squared sockets in this one process, so it is measured up to a few dozen nodes only."""
+    port = free_port()
+    server = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, timeout=TIMEOUT)
+
+    def agree(rank: int) -> list[float]:
+        store = dist.PrefixStore("agreement", dist.TCPStore("127.0.0.1", port, is_master=False, timeout=TIMEOUT))
+        group = dist.ProcessGroupGloo(store, rank, nodes, TIMEOUT)
+        seconds = []
+        for _ in range(rounds):
+            flags = torch.zeros(nodes, dtype=torch.int32)
+            start = time.perf_counter()
+            group.allreduce([flags]).wait()
+            seconds.append(time.perf_counter() - start)
+        return seconds
+
+    results, _ = run_threads(nodes, agree)
+    del server
+    failures = [result for result in results if isinstance(result, BaseException)]
+    if failures:
+        raise failures[0]
+    return statistics.median(max(result[index] for result in results) for index in range(rounds))
+
+
 def _torch_join(port: int, nodes: int, join_timeout: float) -> object:
     """One node's join, as torchrun's agent makes it (its handler on the c10d backend, on a store client)."""
     store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=TIMEOUT)
@@ -370,6 +398,9 @@ def table(figures: dict) -> str:
             f"| {load.nodes} | {' | '.join(cells)} | {connections} | {load.requests_per_node_s:.2f} |"
             f" {load.failure_woke_all_s:.3f} | {load.beats_read_by_all_s:.2f} |"
         )
+    if figures["agreement"]:
+        agreements = ", ".join(f"{n} nodes {seconds * 1e3:.1f} ms" for n, seconds in figures["agreement"].items())
+        lines += ["", f"The preemption agreement (a gloo all-reduce of a flag per rank, threads), median: {agreements}"]
     if figures["firewall"]:
         lines += [
             "",
@@ -422,6 +453,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--firewall", type=int, default=128, help="nodes of the firewall case (0: none)")
     parser.add_argument("--output", type=Path, default=FIGURES, help="writes OUTPUT.md, .json, .png")
     parser.add_argument("--processes-up-to", type=int, default=256, help="also as processes, up to this N")
+    parser.add_argument("--agreement-up-to", type=int, default=64, help="the preemption agreement, up to this N")
     parser.add_argument("--in-place", action="store_true", help="in this network namespace (see own_network)")
     args = parser.parse_args(argv)
     if not args.in_place and os.environ.get(ISOLATED_VAR) != "1":
@@ -440,6 +472,7 @@ def main(argv: list[str] | None = None) -> int:
             figures["torch threads"].append(measure_torch(nodes, args.torch_timeout))
         figures["training"].append(measure_training(nodes, args.seconds))
         print(json.dumps({"startup": asdict(startup), "training": asdict(figures["training"][-1])}), flush=True)
+    figures["agreement"] = {n: measure_agreement(n) for n in args.nodes if n <= args.agreement_up_to}
     figures["firewall"] = ""
     if args.firewall:
         startup, _ = measure_startup(args.firewall, firewalled=args.firewall // 2 + 1)

@@ -22,21 +22,9 @@ def scale(tmp_path_factory):
     if shutil.which("unshare") is None or subprocess.run(["unshare", "--net", "true"]).returncode:
         pytest.skip("needs a network namespace of its own (root): see benchmarks/scale.py's own_network")
     output = tmp_path_factory.mktemp("scale") / "scale"
-    argv = [
-        "--nodes",
-        "80",
-        "256",
-        "--torch-timeout",
-        "0",
-        "--seconds",
-        "4",
-        "--firewall",
-        "128",
-        "--processes-up-to",
-        "0",
-    ]
+    argv = "--nodes 80 256 --seconds 4 --firewall 128 --torch-timeout 0 --processes-up-to 0 --agreement-up-to 0"
     done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.scale", *argv, "--output", str(output)],
+        [sys.executable, "-m", "benchmarks.scale", *argv.split(), "--output", str(output)],
         cwd=REPO,
         env=project_env(PYTHONPATH=str(REPO)),
         capture_output=True,
@@ -74,6 +62,14 @@ def test_one_failure_is_known_to_every_node_within_seconds(scale):
     training = scale["training"][1]
     assert training["failure_woke_all_s"] < 5
     assert training["beats_read_by_all_s"] < 10  # every node reading every beat once, in two requests
+
+
+@pytest.mark.slow
+def test_the_preemption_agreement_is_measured_on_gloo_among_4_ranks(monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO))
+    from benchmarks import scale
+
+    assert 0 < scale.measure_agreement(4, rounds=3) < 5  # seconds: gloo's all-reduce of a flag per rank
 
 
 @pytest.mark.slow
