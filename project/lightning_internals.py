@@ -289,6 +289,25 @@ def resume_point(trainer: Trainer) -> tuple[int, bool]:
     return epochs.processed + int(last_batch), inside and not last_batch
 
 
+def batches_trained(trainer: Trainer) -> int:
+    """The batches of the current epoch trained so far by Lightning's count; restored from a checkpoint (before the
+    train loader is made), the checkpoint's."""
+    return trainer.fit_loop.epoch_loop.batch_progress.current.processed
+
+
+def shift_batch_count(trainer: Trainer, shift: int) -> None:
+    """Moves Lightning's count of the current epoch's batches by SHIFT, on a resume, before the loader's iterator runs.
+
+    Lightning reads a loader's length once as every epoch's (``num_training_batches``) and ends an epoch when its
+    count reaches it (its last batch is the one that reaches it: validation, ``is_last_batch``). An epoch resumed on
+    another world size has another number of steps left than that length minus the checkpoint's count: the count is
+    set so that they agree (the steps left are what the loader yields).
+    """
+    current = trainer.fit_loop.epoch_loop.batch_progress.current
+    for counter in ("ready", "started", "processed", "completed"):
+        setattr(current, counter, getattr(current, counter) + shift)  # completed may be -1: reset adds 1
+
+
 def start_next_epoch_afresh(trainer: Trainer) -> None:
     """After a resume from an epoch's last batch, the next epoch starts as a new one: counted ready and started, its
     ``on_train_epoch_start`` hooks called, its epoch-interval schedulers stepped at its end.

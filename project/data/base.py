@@ -10,21 +10,28 @@ next epoch, in that epoch's order (``resume_point``). Every DataLoader worker is
 epoch, the rank and the worker (a loader generator seeded with ``seed`` draws a base seed per epoch; Lightning's
 ``worker_init_fn`` mixes in the rank and worker); random augmentation draws from a seed per sample and epoch
 (``SeededSampler``), so it survives a resume and does not depend on the worker count or the world size.
+
+A checkpoint also holds the training order's global position (``state_dict``: the epoch, its order's seed and how
+many samples of it every rank together has trained), so a run resumed inside an epoch on another number of ranks
+trains the rest of that epoch's samples, each once, split across its ranks (``ResumableDistributedSampler``).
 """
 
 import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from lightning.pytorch import LightningDataModule
-from torch.utils.data import Dataset, DistributedSampler, Sampler, Subset, TensorDataset
+from lightning.pytorch.utilities import rank_zero_only
+from torch.utils.data import Dataset, Sampler, Subset, TensorDataset
 
 from project.data.loaders import ResumableDataLoader, TensorBatchLoader
-from project.data.samplers import ExactDistributedSampler, SeededSampler
+from project.data.samplers import ExactDistributedSampler, Remainder, ResumableDistributedSampler, SeededSampler
 from project.data.transforms import Transformed, augments, compose
-from project.lightning_internals import resume_point
+from project.lightning_internals import batches_trained, resume_point, shift_batch_count
+from project.messages import report
 
 SPLITS = ("train", "val", "test")
 MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed takes no more (a seed plus the epoch, in the sampler)
@@ -115,6 +122,9 @@ class BaseDataModule(LightningDataModule):
         self.predict_names: list[str] | None = None  # the inputs of predict_path, by index, once loaded
         self.unreadable_inputs: list[tuple[str, str]] = []  # predict_path's inputs that could not be read, and why
         self.predict_sampler: Sampler | None = None
+        self.train_sampler: ResumableDistributedSampler | None = None
+        self.saved_order: dict[str, Any] | None = None  # the checkpoint's training position (``state_dict``)
+        self.rest_begins = 0  # Lightning's batch count where the rest of a re-split epoch begins
 
     def datasets(self) -> dict[str, Dataset]:
         """The untransformed datasets by split name; ``train`` is required, missing val/test are split off it."""
@@ -157,14 +167,80 @@ class BaseDataModule(LightningDataModule):
     def train_dataloader(self) -> Iterable:
         dataset = self.splits["train"]
         num_replicas, rank = self._ranks()
-        sampler = DistributedSampler(dataset, num_replicas, rank, shuffle=self.hparams.shuffle, seed=self.hparams.seed)
+        batch_size, drop_last = self.hparams.batch_size, self.hparams.drop_last
+        self.train_sampler = ResumableDistributedSampler(
+            dataset, num_replicas, rank, self.hparams.shuffle, self.hparams.seed, batch_size, drop_last
+        )
+        sampler: Sampler = self.train_sampler
         if isinstance(dataset, Transformed) and self.augmented:
             sampler = SeededSampler(sampler, self.hparams.seed)
         # A resumed run: Lightning makes the epoch's iterator (a StatefulDataLoader draws the order then, workers take
         # indices ahead) before its set_epoch call, so the sampler must already be at the epoch it resumes into.
         epoch, mid_epoch = resume_point(self.trainer) if self.trainer else (0, False)
+        resplit = mid_epoch and self._resume_rest(epoch)
         sampler.set_epoch(epoch)
-        return self._loader(dataset, sampler, drop_last=self.hparams.drop_last, mid_epoch=mid_epoch)
+        loader = self._loader(dataset, sampler, drop_last, mid_epoch=mid_epoch and not resplit, position=not resplit)
+        if resplit:
+            self._count_from_rest(len(loader), epoch)
+        return loader
+
+    def state_dict(self) -> dict[str, Any]:
+        """The training order's global position, in every checkpoint: the epoch, its order's seed, and how many
+        samples of that order every rank together has trained (a prefix of it), not each rank's position, so a run
+        resumed on another number of ranks can split the rest. ``resumed_from``: where this run's part of the epoch
+        began (0 unless it is itself a re-split epoch)."""
+        sampler, trainer = self.train_sampler, self.trainer
+        if sampler is None or trainer is None:
+            return {}
+        epoch = trainer.current_epoch
+        remainder = sampler.resumed(epoch)
+        steps = batches_trained(trainer) - (self.rest_begins if remainder else 0)
+        order = {"epoch": epoch, "seed": remainder.seed if remainder else sampler.seed, "shuffle": sampler.shuffle}
+        order |= {"size": len(sampler.dataset), "trained": sampler.trained(epoch, steps)}
+        order |= {"world_size": sampler.num_replicas, "resumed_from": remainder.start if remainder else 0}
+        return {"train_order": order}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.saved_order = state_dict.get("train_order")
+
+    def _resume_rest(self, epoch: int) -> bool:
+        """Whether the resumed EPOCH is re-split: it began on another number of ranks (or was itself re-split); then
+        the sampler starts after the samples trained. Not when it began on as many ranks: the loader's own saved
+        position resumes it to bit-identical weights."""
+        saved, sampler = self.saved_order, self.train_sampler
+        assert sampler is not None
+        if saved is None or saved["epoch"] != epoch:
+            return False
+        if saved["world_size"] == sampler.num_replicas and saved["resumed_from"] == 0:
+            return False
+        if saved["size"] != len(sampler.dataset) or saved["shuffle"] != sampler.shuffle:
+            say_once(
+                f"epoch {epoch} resumes at its step {batches_trained(self.trainer)} in this run's order: the checkpoint"
+                f" trained another order ({saved['size']} samples, shuffle {saved['shuffle']}; this run:"
+                f" {len(sampler.dataset)}, shuffle {sampler.shuffle})"
+            )
+            return False
+        sampler.resume_at(Remainder(epoch, saved["trained"], saved["seed"]))
+        return True
+
+    def _count_from_rest(self, length: int, epoch: int) -> None:
+        """Sets Lightning's batch count so that the epoch's LENGTH (its fresh length on these ranks, which Lightning
+        reads) ends with the rest's last step, and says what the resumed epoch trains, in one line."""
+        sampler, saved = self.train_sampler, self.saved_order
+        assert sampler is not None and saved is not None and self.trainer is not None
+        steps = sampler.steps(epoch)
+        self.rest_begins = length - steps
+        shift_batch_count(self.trainer, self.rest_begins - batches_trained(self.trainer))
+        size, trained = saved["size"], saved["trained"]
+        share, padding = sampler.rest(epoch)
+        rule = f", {padding} of them repeated so that every rank runs as many steps" if padding else ""
+        if sampler.batch_drop_last:
+            rule = f"; drop_last: {size - trained - len(share) * sampler.num_replicas} left out, whole batches only"
+        say_once(
+            f"epoch {epoch} was begun on {ranks(saved['world_size'])} and resumes on {sampler.num_replicas}: the"
+            f" {size - trained} samples of its {size} not yet trained, each once{rule}, split across"
+            f" {ranks(sampler.num_replicas)} ({steps} steps of up to {sampler.batch_size} a rank)"
+        )
 
     def val_dataloader(self) -> Iterable:
         return self._eval_loader("val")
@@ -202,10 +278,21 @@ class BaseDataModule(LightningDataModule):
     def _pin_memory(self) -> bool:
         return self.hparams.pin_memory and self._gpu() is not None
 
-    def _loader(self, dataset: Dataset, sampler: Sampler, drop_last: bool = False, mid_epoch: bool = False) -> Iterable:
+    def _loader(
+        self,
+        dataset: Dataset,
+        sampler: Sampler,
+        drop_last: bool = False,
+        mid_epoch: bool = False,
+        position: bool = True,
+    ) -> Iterable:
+        """A loader for DATASET in SAMPLER's order; MID_EPOCH: it resumes at the position a checkpoint saved
+        (torchdata's loader), POSITION False: the in-memory loader ignores a saved position (the sampler has it)."""
         if self.hparams.in_memory and isinstance(dataset, TensorDataset):
             device = self._gpu() if self.hparams.on_device else None
-            return TensorBatchLoader(dataset.tensors, sampler, self.hparams.batch_size, drop_last, device)
+            return TensorBatchLoader(
+                dataset.tensors, sampler, self.hparams.batch_size, drop_last, device, mid_epoch=position
+            )
         workers = self.hparams.num_workers
         return ResumableDataLoader(
             dataset,
@@ -222,6 +309,15 @@ class BaseDataModule(LightningDataModule):
             generator=torch.Generator().manual_seed(self.hparams.seed),
             mid_epoch=mid_epoch,
         )
+
+
+@rank_zero_only
+def say_once(message: str) -> None:
+    report(message)
+
+
+def ranks(count: int) -> str:
+    return f"{count} rank" if count == 1 else f"{count} ranks"
 
 
 def split(dataset: Dataset, fractions: dict[str, float], seed: int) -> dict[str, Dataset]:

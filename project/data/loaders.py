@@ -32,6 +32,7 @@ class TensorBatchLoader:
         batch_size: int,
         drop_last: bool = False,
         device: torch.device | None = None,
+        mid_epoch: bool = True,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -43,6 +44,7 @@ class TensorBatchLoader:
         self.drop_last = drop_last
         self._batches_done = 0
         self._batches_to_skip = 0
+        self.mid_epoch = mid_epoch  # False: a position loaded from a checkpoint is not where the epoch resumes
 
     def __len__(self) -> int:
         num_samples = len(self.sampler) if isinstance(self.sampler, Sized) else len(self.tensors[0])
@@ -56,7 +58,10 @@ class TensorBatchLoader:
             indices = indices.to(self.device, non_blocking=True)
         skip, self._batches_to_skip = self._batches_to_skip, 0
         self._batches_done = skip
-        for start in range(skip * self.batch_size, len(self) * self.batch_size, self.batch_size):
+        # A resumed epoch's sampler may give fewer indices than its length says (the rest of an epoch begun on
+        # another world size: ResumableDistributedSampler): the batches end with its indices.
+        stop = len(indices) // self.batch_size * self.batch_size if self.drop_last else len(indices)
+        for start in range(skip * self.batch_size, min(len(self) * self.batch_size, stop), self.batch_size):
             batch = indices[start : start + self.batch_size]
             self._batches_done += 1
             yield [tensor[batch] for tensor in self.tensors]
@@ -67,7 +72,7 @@ class TensorBatchLoader:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         # A checkpoint taken at an epoch's last batch resumes at the next epoch (Lightning moves on), from its start.
         done = state["batches_done"]
-        self._batches_to_skip = done if done < len(self) else 0
+        self._batches_to_skip = done if self.mid_epoch and done < len(self) else 0
 
 
 class ResumableDataLoader(StatefulDataLoader):

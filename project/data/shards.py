@@ -65,6 +65,11 @@ class ResumableStreamingDataLoader(StreamingDataLoader):
     """
 
     resumed_epoch_started = False
+    keep_position = True  # False: a position loaded from a checkpoint is dropped (the world size changed)
+
+    def load_state_dict(self, obj: dict[str, Any]) -> None:
+        if self.keep_position:
+            super().load_state_dict(obj)
 
     def __iter__(self) -> Any:
         if self.restore and self.resumed_epoch_started:

@@ -11,9 +11,9 @@ import fsspec
 import torch
 from torch.utils.data import Dataset
 
-from project.data.base import BaseDataModule
+from project.data.base import BaseDataModule, ranks, say_once
 from project.data.transforms import presets
-from project.lightning_internals import resume_point
+from project.lightning_internals import batches_trained, resume_point, shift_batch_count
 
 SCHEMA_FILE = "dataset.json"  # written by scripts/make_shards.py beside the splits: class names, sample counts
 ITEM_KEYS = ["image", "label"]
@@ -107,8 +107,37 @@ class StreamingDataModule(BaseDataModule):
         )
         # LitData counts epochs from 1 as each starts; a resumed run starts at its epoch (a mid-epoch checkpoint's
         # loader state, loaded after this, sets it too). Its own count would restart from the first.
-        loader.current_epoch = resume_point(self.trainer)[0] if self.trainer else 0
+        epoch, mid_epoch = resume_point(self.trainer) if self.trainer else (0, False)
+        loader.current_epoch = epoch
+        if mid_epoch and self._world_size_changed(epoch):
+            self._restart_epoch(loader, epoch)
         return loader
+
+    def state_dict(self) -> dict[str, Any]:
+        """The epoch and world size a checkpoint was written in (LitData's loader state holds its position)."""
+        if self.trainer is None:
+            return {}
+        return {"train_order": {"epoch": self.trainer.current_epoch, "world_size": self.trainer.world_size}}
+
+    def _world_size_changed(self, epoch: int) -> bool:
+        saved = self.saved_order
+        return saved is not None and saved["epoch"] == epoch and saved["world_size"] != self.trainer.world_size
+
+    def _restart_epoch(self, loader: Any, epoch: int) -> None:
+        """The rule where the rest of an epoch cannot be split across another number of ranks: LitData's position is
+        each rank's and worker's, in chunks assigned by the world size, and this template does not re-split it
+        (LitData 0.2.76's own elastic resume rounds the samples trained down to a whole global batch, untested here).
+        The epoch starts again from its start, in its order, with the count of its batches back at 0; said in a line."""
+        assert self.saved_order is not None and self.trainer is not None
+        done = batches_trained(self.trainer)
+        loader.keep_position = False
+        shift_batch_count(self.trainer, -done)
+        say_once(
+            f"epoch {epoch} was begun on {ranks(self.saved_order['world_size'])} and resumes on"
+            f" {self.trainer.world_size}: LitData's streaming position cannot be split across another number of ranks,"
+            f" so the epoch starts again from its first step (the samples of its {done} steps trained before are"
+            " trained again)"
+        )
 
 
 def check_shards(root: Path) -> None:

@@ -1,0 +1,104 @@
+"""A fit resumed inside an epoch on another number of processes trains the rest of that epoch's samples, each once
+(issue #47): a run on 2 processes stopped after 5 steps and resumed on 1 trained 960 more samples of the 1,258-sample
+epoch after its 640 (1,600: some twice, some never).
+
+Each case stops a fit after 5 steps (its step-5 checkpoint is ``last.ckpt``), resumes it with ``--ckpt_path last`` on
+another number of processes for the rest of 2 epochs, and counts the training samples each rank trained on in each
+epoch (``tests/sample_accounting.py``: each digit carries its index). The first epoch, both runs together: every
+index of the 1,258 exactly once. The second: a fresh run's epoch on the new world size, as ``DistributedSampler``
+gives it (padded with repeats on 3 processes: 1,258 is not a multiple of 3). Weights across world sizes are not
+compared (another global batch trains other weights); tests/test_resume.py checks the same-world-size resume, bit for
+bit.
+"""
+
+import collections
+import itertools
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import REPO, last_checkpoint, quick_args, run_project
+from sample_accounting import read_trained
+from torch.utils.data import DistributedSampler
+
+from project.data.base import ranks
+
+TRAIN_SIZE, BATCH, STOP_AT = 1258, 64, 5
+RECORD = ("--trainer.callbacks+=sample_accounting.TrainedSamples", "--trainer.callbacks.output_dir")
+CASES = {  # name: (processes before, after, extra data flags)
+    "2-then-1": (2, 1, ()),  # the issue's: a node gone
+    "1-then-2": (1, 2, ()),
+    "2-then-3-dataloader": (2, 3, ("--data.init_args.in_memory", "false", "--data.init_args.num_workers", "1")),
+}
+
+
+def fit(root: Path, processes: int, record: Path, *extra: str) -> str:
+    data = ("--data.class_path", "sample_accounting.IndexedDigits", "--data.init_args.batch_size", str(BATCH))
+    args = quick_args(root, "--trainer.devices", str(processes), *data, *RECORD, str(record), *extra)
+    result = run_project("fit", *args, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stderr
+
+
+def fresh_epoch(world_size: int, epoch: int) -> list[int]:
+    """Every index a fresh run on WORLD_SIZE processes trains in EPOCH, all ranks together (seed 42, digits.yaml's)."""
+    ranks = []
+    for rank in range(world_size):
+        sampler = DistributedSampler(range(TRAIN_SIZE), world_size, rank, shuffle=True, seed=42)
+        sampler.set_epoch(epoch)
+        ranks.append(list(sampler))
+    return sorted(itertools.chain(*ranks))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", CASES)
+def test_a_resume_on_another_world_size_trains_each_sample_of_the_epoch_once(name, tmp_path):
+    before, after, data = CASES[name]
+    stop = ("--trainer.max_epochs", "2", "--trainer.max_steps", str(STOP_AT))
+    fit(tmp_path / "run", before, tmp_path / "first", *data, *stop, "--checkpoint.every_n_train_steps", str(STOP_AT))
+    said = fit(tmp_path / "run", after, tmp_path / "resumed", *data, "--trainer.max_epochs", "2", "--ckpt_path", "last")
+    first, resumed = read_trained(tmp_path / "first"), read_trained(tmp_path / "resumed")
+
+    assert sorted(first) == [0] and sorted(resumed) == [0, 1]
+    trained_before = list(itertools.chain(*first[0].values()))
+    assert len(trained_before) == STOP_AT * BATCH * before
+    epoch_0 = collections.Counter(trained_before + list(itertools.chain(*resumed[0].values())))
+    assert sorted(epoch_0.elements()) == list(range(TRAIN_SIZE))  # every sample once, none twice, none left out
+    assert sorted(resumed[1]) == list(range(after))
+    assert sorted(itertools.chain(*resumed[1].values())) == fresh_epoch(after, 1)
+    rest = TRAIN_SIZE - len(trained_before)
+    assert f"epoch 0 was begun on {ranks(before)} and resumes on {after}: the {rest} samples of its" in said
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory) -> Path:
+    """The digits as LitData shards, 6 of each class per split: 60 training images."""
+    pytest.importorskip("torchvision")
+    pytest.importorskip("litdata")
+    sys.path.insert(0, str(REPO / "scripts"))
+    from make_shards import write_shards
+    from write_digit_images import write_digit_images
+
+    from project.data import ImageFolderDataModule
+
+    images = write_digit_images(tmp_path_factory.mktemp("images"), per_class=6)
+    output = tmp_path_factory.mktemp("shards")
+    write_shards(ImageFolderDataModule(root=str(images), grayscale=True), str(output), "2KB", 1, 0)
+    return output
+
+
+@pytest.mark.slow
+def test_on_shards_a_resume_on_another_world_size_starts_the_epoch_again_and_says_so(shards, tmp_path):
+    """LitData's position is not re-split: the rule is to train the epoch again from its start, on the new ranks.
+    60 images in batches of 8: 3 steps an epoch on 2 processes (LitData drops the rest), 8 on 1."""
+    data = ("--config", str(REPO / "configs" / "streaming.yaml"), "--data.init_args.root", str(shards))
+    data += ("--data.init_args.batch_size", "8", "--data.init_args.num_workers", "0")
+    every_2 = ("--trainer.max_epochs", "2", "--checkpoint.every_n_train_steps", "2")
+    for processes, extra in ((2, ("--trainer.max_steps", "2")), (1, ("--ckpt_path", "last"))):
+        args = quick_args(tmp_path, "--trainer.devices", str(processes), *data, *every_2, *extra)
+        result = run_project("fit", *args, cwd=REPO)
+        assert result.returncode == 0, result.stderr[-3000:]
+    said = "epoch 0 was begun on 2 ranks and resumes on 1: LitData's streaming position cannot be split"
+    assert said in result.stderr
+    assert torch.load(last_checkpoint(tmp_path), weights_only=True)["global_step"] == 2 + 8 + 8
