@@ -16,9 +16,13 @@ Each check is here because, unchecked, the mistake surfaced late and badly (meas
 - ``trainer.default_root_dir`` that cannot be written (a read-only file system, a file on its path): the first
   checkpoint or log line failed, after the run had started;
 - ``trainer.max_epochs -1`` (train until ``max_steps`` or ``max_time``) with a schedule that needs the run's length
-  in steps and nothing that gives it: ``OverflowError`` when training started (``run_length_problem``);
-- more CPU processes on this host than cores it may use (``--trainer.devices 99`` on 2 cores): 99 processes, gloo
-  timeouts and 24 tracebacks. ``PROJECT_OVERSUBSCRIBE=1`` insists (``cpu_processes_problem``).
+  and nothing that gives it (neither ``max_steps`` nor ``max_time``; for a schedule stepped per epoch, ``max_epochs``
+  only): ``OverflowError`` when training started (``run_length_problem``);
+- far more CPU processes on this host than cores it may use (``--trainer.devices 99`` on 2 cores): 99 processes,
+  gloo timeouts and 24 tracebacks; or more than its available memory holds. A modest excess (up to
+  ``PROCESSES_PER_CORE`` a core) runs, slower, with a one-line note (``cpu_processes_note``): 3 processes on 2 cores
+  is how the test suite gets uneven shards. ``PROJECT_OVERSUBSCRIBE=1`` insists past the refusal
+  (``cpu_processes_problem``).
 """
 
 import os
@@ -30,7 +34,14 @@ from project.launch_environment import launch_problem
 from project.trainer_ranges import trainer_ranges_problem
 
 SEED_RANGE = (0, 2**32 - 1)  # numpy's: seed_everything seeds numpy too
-OVERSUBSCRIBE_VAR = "PROJECT_OVERSUBSCRIBE"  # "1": start more CPU processes than cores anyway
+OVERSUBSCRIBE_VAR = "PROJECT_OVERSUBSCRIBE"  # "1": start CPU processes past the limits below anyway
+# CPU processes a usable core runs (slower, with a note); more are refused. Measured on 2 cores, digits, 60 steps:
+# 2 processes 54-76 steps/s, 8 (4 a core) 6.3-7.6 steps/s (still 55-66% of one process's samples/s), 16 (8 a core)
+# 1.8 steps/s (31%, a step 37x as long as with 2): past 4 a core more processes only cost; 99 timed out in gloo.
+PROCESSES_PER_CORE = 4
+# A forked CPU rank's own memory (private pages, smaps_rollup) at step 30 of a digits fit: 178-179 MB (RSS 605 MB, the
+# rest shared with rank 0). No model is smaller, so more processes than the available memory holds at this is refused.
+RANK_MEMORY_MB = 180
 LENGTH_SCHEDULES = ("project.schedules.WarmupCosineLR",)  # schedules fitted to the run's length (module.py)
 
 
@@ -86,8 +97,9 @@ def root_dir_problem(config: Namespace) -> str | None:
 
 
 def run_length_problem(config: Namespace) -> str | None:
-    """``max_epochs -1`` trains until ``max_steps`` or ``max_time``; a schedule fitted to the run's length in steps
-    (or epochs) needs one of those in its own unit: ``max_time`` alone says nothing of how many steps it will be."""
+    """``max_epochs -1`` trains until ``max_steps`` or ``max_time``; a schedule fitted to the run's length needs one of
+    them: a step schedule takes either (``max_time`` through the run's measured pace: ``time_budget.py``), a schedule
+    stepped per epoch needs ``max_epochs`` (a time budget is not measured in epochs)."""
     trainer, scheduler = config.trainer, config.get("model", Namespace()).get("scheduler")
     if trainer.get("max_epochs") != -1 or not isinstance(scheduler, Namespace):
         return None
@@ -96,14 +108,17 @@ def run_length_problem(config: Namespace) -> str | None:
     ):
         return None
     by_epoch = config.model.get("scheduler_interval") == "epoch"
-    if trainer.get("max_steps", -1) != -1 and not by_epoch:
-        return None  # fitted to max_steps
+    if not by_epoch and (trainer.get("max_steps", -1) != -1 or trainer.get("max_time") is not None):
+        return None  # fitted to max_steps, or to the steps max_time allows at the measured pace
     name = scheduler.class_path.rpartition(".")[2]
-    unit = "epochs (model.scheduler_interval epoch)" if by_epoch else "steps"
-    give = "--trainer.max_epochs N" if by_epoch else "--trainer.max_steps N"
+    if by_epoch:
+        return (
+            f"trainer.max_epochs -1 trains until max_steps or max_time, and {name} stepped per epoch"
+            " (model.scheduler_interval epoch) needs the run's length in epochs: give --trainer.max_epochs N"
+        )
     return (
-        f"trainer.max_epochs -1 trains until max_steps or max_time, and {name} needs the run's length in {unit}:"
-        f" give {give}, or --model.scheduler.init_args.total_steps N (max_time alone does not say how many)"
+        f"trainer.max_epochs -1 trains until max_steps or max_time, and {name} needs the run's length: give"
+        " --trainer.max_steps N, --trainer.max_time DD:HH:MM:SS, or --model.scheduler.init_args.total_steps N"
     )
 
 
@@ -122,12 +137,54 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def cpu_processes_problem(processes: int) -> str | None:
-    """PROCESSES CPU ranks on this host: each spins at least one core; more than there are time out in gloo."""
+def available_memory_mb() -> float | None:
+    """What new processes can still take, in MB: the kernel's ``MemAvailable``, or less under a container's (cgroup
+    v2) limit; None where neither can be read."""
+    found = []
+    try:
+        meminfo = Path("/proc/meminfo").read_text().splitlines()
+        found += [int(line.split()[1]) / 1024 for line in meminfo if line.startswith("MemAvailable:")]
+    except OSError:
+        pass
+    cgroup = Path("/sys/fs/cgroup")
+    try:
+        limit = (cgroup / "memory.max").read_text().strip()
+        if limit != "max":
+            found.append((int(limit) - int((cgroup / "memory.current").read_text())) / 2**20)
+    except (OSError, ValueError):
+        pass
+    return min(found) if found else None
+
+
+def cpu_processes_note(processes: int) -> str | None:
+    """A modest excess of CPU processes over cores runs: the note says what it costs (each step waits for a core).
+    None with ``PROJECT_OVERSUBSCRIBE=1``: who set it knows (the test suite's 3 ranks on 2 cores, for uneven shards)."""
     cores = usable_cores()
     if processes <= cores or os.environ.get(OVERSUBSCRIBE_VAR) == "1":
         return None
     return (
-        f"trainer.devices {processes} starts {processes} CPU processes on this host, which has {cores} usable"
-        f" cores: give --trainer.devices {cores} or fewer, or set {OVERSUBSCRIBE_VAR}=1 to start them anyway"
+        f"{processes} processes on {cores} cores: each step waits for a core, so steps are slower than with {cores};"
+        f" up to {PROCESSES_PER_CORE * cores} run ({PROCESSES_PER_CORE} a core), more are refused"
     )
+
+
+def cpu_processes_problem(processes: int) -> str | None:
+    """PROCESSES CPU ranks on this host refused where they cannot work: more than ``PROCESSES_PER_CORE`` per usable
+    core, or more than the available memory holds at ``RANK_MEMORY_MB`` each. ``PROJECT_OVERSUBSCRIBE=1`` insists."""
+    if os.environ.get(OVERSUBSCRIBE_VAR) == "1":
+        return None
+    cores, memory = usable_cores(), available_memory_mb()
+    insist = f"or set {OVERSUBSCRIBE_VAR}=1 to start them anyway"
+    if processes > PROCESSES_PER_CORE * cores:
+        return (
+            f"trainer.devices {processes} starts {processes} CPU processes on this host, which has {cores} usable"
+            f" cores (at most {PROCESSES_PER_CORE} processes a core run): give --trainer.devices"
+            f" {PROCESSES_PER_CORE * cores} or fewer ({cores} is fastest), {insist}"
+        )
+    if memory is not None and processes > 1 and processes * RANK_MEMORY_MB > memory:
+        fit = max(1, int(memory // RANK_MEMORY_MB))
+        return (
+            f"trainer.devices {processes} starts {processes} CPU processes on this host, and {memory:.0f} MB of memory"
+            f" is available, {RANK_MEMORY_MB} MB a process at least: give --trainer.devices {fit} or fewer, {insist}"
+        )
+    return None

@@ -22,15 +22,16 @@ from lightning.pytorch.accelerators import CPUAccelerator, CUDAAccelerator
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, RichProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.strategies import ParallelStrategy
+from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from project import lightning_internals as internals
 from project.checkpoints.files import AtomicCheckpointIO, CheckpointError, check_checkpoint
 from project.checkpoints.periodic import PeriodicCheckpoint
-from project.checks import SettingsError, check_settings, cpu_processes_problem
+from project.checks import SettingsError, check_settings, cpu_processes_note, cpu_processes_problem
 from project.data import BaseDataModule
 from project.errors import ProjectArgumentParser, constructor_error
-from project.messages import first_line
+from project.messages import first_line, report
 from project.module import ClassificationModule
 from project.runs import folders, lock, summary
 from project.runs.failures import FailureFile
@@ -150,10 +151,11 @@ class ProjectCLI(LightningCLI):
         backend = getattr(strategy, "process_group_backend", None)
         if backend is not None:
             check_backend(backend, on_gpu=isinstance(self.trainer.accelerator, CUDAAccelerator))
-        if isinstance(self.trainer.accelerator, CPUAccelerator) and (
-            problem := cpu_processes_problem(self.trainer.num_devices)
-        ):
-            raise ValueError(problem)
+        if isinstance(self.trainer.accelerator, CPUAccelerator):
+            if problem := cpu_processes_problem(self.trainer.num_devices):
+                raise ValueError(problem)
+            if (note := cpu_processes_note(self.trainer.num_devices)) and rank_zero_only.rank == 0:
+                report(note)  # once per run: an external launcher's processes each run this check
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         """Adds what every run needs, whatever the config's callbacks: forked local CPU ranks, crash-safe

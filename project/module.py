@@ -6,6 +6,7 @@ so ranks with uneven evaluation shards never wait on each other. Their updates a
 (``batched_metrics.py``): torchmetrics' per-call cost is then paid once per window, not once per step.
 """
 
+import math
 from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
@@ -16,7 +17,9 @@ from torch import Tensor, nn
 from torchmetrics import MeanMetric, Metric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
+from project import time_budget
 from project.batched_metrics import BatchedUpdates
+from project.messages import report
 from project.schedules import WarmupCosineLR
 
 STAGES = ("train", "val", "test")
@@ -96,6 +99,7 @@ class ClassificationModule(LightningModule):
         self.updates = {
             stage: BatchedUpdates(self.losses[f"{stage}_loss"], self.metrics[f"{stage}_metrics"]) for stage in STAGES
         }
+        self.pace_meter: time_budget.PaceMeter | None = None  # a max_time run's pace, until its schedule is fitted
         self.window_losses: list[Tensor] = []  # the training losses since the loss curve's last point
         for metric in self.modules():
             if isinstance(metric, Metric):  # torchmetrics' constructor argument, for every metric stage_metrics lists
@@ -176,10 +180,37 @@ class ClassificationModule(LightningModule):
     def on_train_start(self) -> None:
         """Ties a ``WarmupCosineLR`` without ``total_steps`` to this run's length. Here, not in
         ``configure_optimizers``: the estimate loads the training data, which there would be before a resumed run's
-        loader position is restored, and the position would be lost (Lightning issue #20550)."""
+        loader position is restored, and the position would be lost (Lightning issue #20550). With ``max_time`` the
+        length is provisional until the pace is measured (``lr_scheduler_step``); a resumed run keeps its estimate."""
+        self.pace_meter = None
         for config in self.trainer.lr_scheduler_configs:
-            if isinstance(config.scheduler, WarmupCosineLR) and config.scheduler.user_total_steps is None:
-                length = (
-                    self.trainer.estimated_stepping_batches if config.interval == "step" else self.trainer.max_epochs
-                )
-                config.scheduler.fit_to(int(length))
+            scheduler = config.scheduler
+            if not isinstance(scheduler, WarmupCosineLR) or scheduler.user_total_steps is not None:
+                continue
+            if config.interval != "step":
+                scheduler.fit_to(int(self.trainer.max_epochs))
+                continue
+            steps = self.trainer.estimated_stepping_batches
+            bound = None if math.isinf(steps) else int(steps)
+            timer = time_budget.run_timer(self.trainer)
+            if timer is None:
+                scheduler.fit_to(int(steps))
+            elif scheduler.estimate is None:  # a fresh run, or one resumed before its pace was measured
+                scheduler.hold(bound)
+                self.pace_meter = time_budget.PaceMeter(timer, bound, self.trainer.global_step)
+            elif self.trainer.is_global_zero:
+                report(f"schedule: {type(scheduler).__name__} keeps the {scheduler.total_steps} steps estimated before")
+
+    def lr_scheduler_step(self, scheduler: Any, metric: Any | None) -> None:
+        """Fits a provisional ``WarmupCosineLR`` to the ``max_time`` run's estimated length once the pace is timed:
+        before the step, so the checkpoints of this step on hold the fitted length. Every rank takes rank 0's
+        estimate (one schedule, the same rates on every rank)."""
+        if self.pace_meter is not None and isinstance(scheduler, WarmupCosineLR) and scheduler.provisional:
+            estimate = self.pace_meter.estimate(self.trainer.global_step)
+            if estimate is not None:
+                estimate = self.trainer.strategy.broadcast(estimate, src=0)
+                scheduler.fit_to(estimate.total_steps(scheduler.warmup_steps), estimate.as_dict())
+                self.pace_meter = None
+                if self.trainer.is_global_zero:
+                    report(estimate.line(type(scheduler).__name__, scheduler.warmup_steps))
+        super().lr_scheduler_step(scheduler, metric)

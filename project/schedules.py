@@ -1,6 +1,7 @@
 """Learning-rate schedules whose length is the run's: set by the module from the Trainer, never kept by hand."""
 
 import math
+from typing import Any
 
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
@@ -18,6 +19,11 @@ class WarmupCosineLR(LRScheduler):
     length is known only once its training data is loaded: ``ClassificationModule`` sets ``total_steps`` then
     (``trainer.estimated_stepping_batches``: ``max_epochs``, ``max_steps``, gradient accumulation), unless given.
     The learning rate is a function of ``t`` alone, so a resumed run continues on the same curve.
+
+    A run bounded by ``max_time`` has no length in steps until its pace is known (``time_budget.py``): the schedule is
+    provisional (``hold``: the step bound, if any, else the cosine's start held at ``base_lr``) until the module fits
+    it once, after timing the first steps. ``estimate`` records how (a dict, in ``state_dict`` and so in every
+    checkpoint): a resumed run keeps the length instead of estimating again, and its rates are the same.
 
     Args:
         optimizer: the module's optimizer.
@@ -37,13 +43,22 @@ class WarmupCosineLR(LRScheduler):
         self.user_total_steps = total_steps
         self.total_steps = total_steps
         self.eta_min = eta_min
+        self.provisional = False  # the length is not known yet: a max_time run before its pace is measured
+        self.estimate: dict[str, Any] | None = None  # how a max_time run's length was estimated (time_budget.py)
         super().__init__(optimizer)
 
-    def fit_to(self, total_steps: int) -> None:
-        """Ends the schedule after ``total_steps`` steps (the run's length)."""
+    def fit_to(self, total_steps: int, estimate: dict[str, Any] | None = None) -> None:
+        """Ends the schedule after ``total_steps`` steps (the run's length); ESTIMATE: how it was estimated."""
         if total_steps <= self.warmup_steps:
             raise ValueError(f"warmup_steps ({self.warmup_steps}) must be below the run's {total_steps} steps")
-        self.total_steps = total_steps
+        self.total_steps, self.provisional, self.estimate = total_steps, False, estimate
+
+    def hold(self, bound: int | None) -> None:
+        """A provisional length until ``fit_to``: BOUND steps (``max_steps``/``max_epochs``'), or with none, the
+        cosine's start: ``base_lr`` past the warm-up."""
+        if bound is not None:
+            self.fit_to(bound)  # a warm-up as long as the bound is refused, as without max_time
+        self.total_steps, self.provisional, self.estimate = bound, True, None
 
     def get_lr(self) -> list[float]:
         return [self.lr_at(self.last_epoch, base) for base in self.base_lrs]
@@ -52,6 +67,8 @@ class WarmupCosineLR(LRScheduler):
         if step < self.warmup_steps:
             return base_lr * (step + 1) / self.warmup_steps
         if step == self.warmup_steps:  # the curve's start needs no length: the scheduler is built before it is known
+            return base_lr
+        if self.total_steps is None and self.provisional:
             return base_lr
         if self.total_steps is None:
             raise RuntimeError("WarmupCosineLR.total_steps was never set: give it, or train with ClassificationModule")

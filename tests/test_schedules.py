@@ -2,7 +2,10 @@
 the run's last step, stepped per optimizer step."""
 
 import math
+import re
+import shutil
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -88,3 +91,58 @@ def test_a_run_killed_mid_warm_up_resumes_to_the_same_weights(tmp_path):
     assert [end["global_step"] for end in ends] == [40, 40]
     assert [end["lr_schedulers"][0]["total_steps"] for end in ends] == [40, 40]
     assert_same_weights(ends[1]["state_dict"], ends[0]["state_dict"])
+
+
+def step_checkpoints(root: Path) -> dict[int, Path]:
+    """The run's ``epoch=E-step=S.ckpt`` files under ROOT, by step."""
+    found = {}
+    for path in root.rglob("epoch=*-step=*.ckpt"):
+        found[int(re.search(r"step=(\d+)", path.name)[1])] = path
+    return found
+
+
+def rewind(run: Path, to: Path) -> None:
+    """RUN's folder as a run killed right after the step checkpoint TO: the later ones gone, last.ckpt that one."""
+    step = int(re.search(r"step=(\d+)", to.name)[1])
+    for later, path in step_checkpoints(run).items():
+        if later > step:
+            path.unlink()
+    shutil.copyfile(to, to.parent / "last.ckpt")
+
+
+@pytest.mark.slow
+def test_a_max_time_run_fits_its_schedule_to_its_pace_and_a_resumed_one_keeps_the_same_rates(tmp_path):
+    """``max_time`` 8 s with ``max_epochs -1`` (refused with exit 2 before): the schedule is fitted once, at step 100
+    from the pace of steps 50-100, and says so in one line; the estimate is in the checkpoints. The run rewound to a
+    step checkpoint past the fit and resumed with ``--ckpt_path last`` keeps that length: at every later step it saved,
+    the same learning rate and weights as the run never stopped."""
+    flags = ("--trainer.max_epochs", "-1", "--trainer.max_time", "00:00:00:08", "--model.network.init_args.dropout")
+    flags += ("0.3", "--checkpoint.every_n_train_steps", "10", "--checkpoint.save_top_k", "-1")
+    whole = run_project("fit", *quick_args(tmp_path / "whole", *flags), cwd=REPO)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    line = re.search(
+        r"\[project\] schedule: max_time 0:00:08 bounds the run: WarmupCosineLR fitted to (\d+) steps, estimated from"
+        r" the pace of steps 50-100 \(([\d.]+) steps/s\)",
+        whole.stderr,
+    )
+    assert line, whole.stderr[-3000:]
+    end = torch.load(last_checkpoint(tmp_path / "whole"), weights_only=True)
+    scheduler = end["lr_schedulers"][0]
+    assert scheduler["total_steps"] == int(line[1]) and not scheduler["provisional"]
+    assert scheduler["estimate"]["measured_steps"] == 50 and scheduler["estimate"]["at_step"] == 100
+    print(f"estimated {scheduler['total_steps']} steps at {line[2]} steps/s; the run took {end['global_step']}")
+    saved = step_checkpoints(tmp_path / "whole")
+    start = 110  # past the fit at step 100, mid-epoch (20 steps an epoch: pitfall 28)
+    shutil.copytree(tmp_path / "whole", tmp_path / "resumed")
+    rewind(tmp_path / "resumed", step_checkpoints(tmp_path / "resumed")[start])
+    resumed = run_project("fit", *quick_args(tmp_path / "resumed", *flags, "--ckpt_path", "last"), cwd=REPO)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"WarmupCosineLR keeps the {scheduler['total_steps']} steps estimated before" in resumed.stderr
+    assert "bounds the run" not in resumed.stderr
+    again = step_checkpoints(tmp_path / "resumed")
+    common = sorted(step for step in saved.keys() & again.keys() if step > start)
+    assert len(common) >= 3, (start, sorted(saved), sorted(again))
+    for step in common:
+        ours, theirs = (torch.load(found[step], weights_only=True) for found in (again, saved))
+        assert ours["lr_schedulers"][0]["_last_lr"] == theirs["lr_schedulers"][0]["_last_lr"], step
+        assert_same_weights(ours["state_dict"], theirs["state_dict"])

@@ -11,6 +11,7 @@ from helpers import quick_args, run_in_process
 from test_cli_errors import ONE_SCREEN, _refused
 
 from project import checks
+from project.cli import build_cli
 
 
 @pytest.fixture(autouse=True)
@@ -26,14 +27,17 @@ def bare_argv(monkeypatch):
         (["--trainer.gradient_clip_val", "-0.5"], "trainer.gradient_clip_val must be >= 0"),
         (["--seed_everything", "-3"], "seed_everything must be in [0, 4294967295]"),
         (["--seed_everything", str(2**32)], "(numpy's seed range), or true for a random one; got 4294967296"),
-        (["--trainer.max_epochs", "-1"], "give --trainer.max_steps N, or --model.scheduler.init_args.total_steps N"),
         (
-            ["--trainer.max_epochs", "-1", "--trainer.max_time", "00:00:01:00"],
-            "max_time alone does not say how many",
+            ["--trainer.max_epochs", "-1"],
+            "give --trainer.max_steps N, --trainer.max_time DD:HH:MM:SS, or --model.scheduler.init_args.total_steps N",
+        ),
+        (
+            ["--trainer.max_epochs", "-1", "--trainer.max_time", "00:00:01:00", "--model.scheduler_interval", "epoch"],
+            "stepped per epoch (model.scheduler_interval epoch) needs the run's length in epochs",
         ),
         (
             ["--trainer.max_epochs", "-1", "--trainer.max_steps", "5", "--model.scheduler_interval", "epoch"],
-            "needs the run's length in epochs (model.scheduler_interval epoch): give --trainer.max_epochs N",
+            "needs the run's length in epochs: give --trainer.max_epochs N",
         ),
         (["--trainer.devices", "99"], "trainer.devices 99 starts 99 CPU processes on this host, which has"),
     ],
@@ -44,7 +48,7 @@ def bare_argv(monkeypatch):
         "seed-negative",
         "seed-too-big",
         "infinite",
-        "max-time",
+        "max-time-epoch-schedule",
         "epoch-schedule",
         "cores",
     ],
@@ -55,14 +59,33 @@ def test_a_setting_lightning_would_fail_on_later_is_refused_now(capsys, tmp_path
     assert "Traceback" not in stderr
 
 
-def test_more_processes_than_cores_names_the_cores_and_how_to_insist(monkeypatch):
+def test_a_modest_excess_of_processes_runs_with_a_note_and_one_that_cannot_work_is_refused(monkeypatch):
+    """Up to 4 processes a core run (slower: each waits for a core); more, or more than the available memory holds
+    at a rank's footprint, are refused; PROJECT_OVERSUBSCRIBE=1 insists past the refusal and silences the note."""
+    monkeypatch.setattr(checks, "usable_cores", lambda: 2)
+    monkeypatch.setattr(checks, "available_memory_mb", lambda: 16_000.0)
+    monkeypatch.delenv(checks.OVERSUBSCRIBE_VAR, raising=False)
+    assert checks.cpu_processes_problem(2) is None and checks.cpu_processes_note(2) is None
+    assert checks.cpu_processes_problem(3) is None and checks.cpu_processes_problem(8) is None
+    assert checks.cpu_processes_note(3).startswith("3 processes on 2 cores: each step waits for a core")
+    problem = checks.cpu_processes_problem(9)
+    assert "9 CPU processes on this host, which has 2 usable cores (at most 4 processes a core run)" in problem
+    assert "give --trainer.devices 8 or fewer (2 is fastest), or set PROJECT_OVERSUBSCRIBE=1" in problem
+    monkeypatch.setattr(checks, "available_memory_mb", lambda: 3.5 * checks.RANK_MEMORY_MB)
+    assert "give --trainer.devices 3 or fewer, or set PROJECT_OVERSUBSCRIBE=1" in checks.cpu_processes_problem(4)
+    monkeypatch.setattr(checks, "available_memory_mb", lambda: None)  # no /proc/meminfo: the cores' rule only
+    assert checks.cpu_processes_problem(8) is None
+    monkeypatch.setenv(checks.OVERSUBSCRIBE_VAR, "1")
+    assert checks.cpu_processes_problem(99) is None and checks.cpu_processes_note(3) is None
+
+
+def test_three_processes_on_two_cores_are_built_with_a_one_line_note(monkeypatch, capsys, tmp_path):
+    """Through the parser and the CLI's checks, without running: refused before (exit 2), a note now."""
     monkeypatch.setattr(checks, "usable_cores", lambda: 2)
     monkeypatch.delenv(checks.OVERSUBSCRIBE_VAR, raising=False)
-    assert checks.cpu_processes_problem(2) is None
-    problem = checks.cpu_processes_problem(3)
-    assert "which has 2 usable cores: give --trainer.devices 2 or fewer, or set PROJECT_OVERSUBSCRIBE=1" in problem
-    monkeypatch.setenv(checks.OVERSUBSCRIBE_VAR, "1")
-    assert checks.cpu_processes_problem(3) is None
+    build_cli([*quick_args(tmp_path / "run", "--trainer.devices", "3")], run=False)
+    [note] = [line for line in capsys.readouterr().err.splitlines() if "processes on 2 cores" in line]
+    assert note.startswith("[project] 3 processes on 2 cores: each step waits for a core")
 
 
 def test_a_root_dir_under_a_file_is_refused(capsys, tmp_path):
