@@ -47,14 +47,16 @@ class LengthEstimate:
     def line(self, schedule: str, warmup_steps: int = 0) -> str:
         """The rule, in the one line the run states."""
         total, budget = self.total_steps(warmup_steps), timedelta(seconds=round(self.max_time))
-        first = self.at_step - self.measured_steps
-        pace = f"estimated from the pace of steps {first}-{self.at_step} ({self.pace:.1f} steps/s)"
+        window = f"steps {self.at_step - self.measured_steps}-{self.at_step}"
         if self.bound is not None and self.bound < self.by_time:
             return (
-                f"schedule: max_steps/max_epochs bound the run before max_time {budget} does ({self.by_time} steps"
-                f" {pace}): {schedule} fitted to {total} steps"
+                f"schedule: max_steps/max_epochs end the run before max_time {budget} would ({self.by_time} steps at"
+                f" {self.pace:.1f} steps/s, the pace of {window}): {schedule} fitted to {total} steps"
             )
-        return f"schedule: max_time {budget} bounds the run: {schedule} fitted to {total} steps, {pace}"
+        return (
+            f"schedule: max_time {budget} bounds the run: {schedule} fitted to {total} steps, estimated from the pace"
+            f" of {window} ({self.pace:.1f} steps/s)"
+        )
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

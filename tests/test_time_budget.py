@@ -22,7 +22,7 @@ def test_the_length_is_the_steps_taken_plus_the_pace_times_the_time_left():
 def test_the_smaller_bound_wins_and_a_budget_ending_in_the_warm_up_keeps_one_cosine_step():
     by_time = dict(max_time=20.0, measured_steps=50, measured_seconds=0.5, at_step=51, seconds_left=19.0)
     assert LengthEstimate(**by_time, bound=400).total_steps() == 400  # max_steps/max_epochs stop it first
-    assert "max_steps/max_epochs bound the run before max_time 0:00:20 does (1951 steps" in LengthEstimate(
+    assert "max_steps/max_epochs end the run before max_time 0:00:20 would (1951 steps at 100.0" in LengthEstimate(
         **by_time, bound=400
     ).line("WarmupCosineLR")
     assert LengthEstimate(**by_time, bound=5000).total_steps() == 1951  # the time runs out first
