@@ -1,17 +1,16 @@
 """A fit resumed inside an epoch on another number of processes trains the rest of that epoch's samples, each once
-(issue #47): a run on 2 processes stopped after 5 steps and resumed on 1 trained 960 more samples of the 1,258-sample
-epoch after its 640 (1,600: some twice, some never).
+(issue #47). Before, a run on 2 processes stopped after 5 steps and resumed on 1 trained 15 more steps of the
+1,258-sample epoch: 938 samples after its 640, 1,578 in all, 320 of them twice.
 
-Each case stops a fit after 5 steps (its step-5 checkpoint is ``last.ckpt``), resumes it with ``--ckpt_path last`` on
-another number of processes for the rest of 2 epochs, and counts the training samples each rank trained on in each
-epoch (``tests/sample_accounting.py``: each digit carries its index). The first epoch, both runs together: every
-index of the 1,258 exactly once. The second: a fresh run's epoch on the new world size, as ``DistributedSampler``
-gives it (padded with repeats on 3 processes: 1,258 is not a multiple of 3). Weights across world sizes are not
-compared (another global batch trains other weights); tests/test_resume.py checks the same-world-size resume, bit for
-bit.
+Each case stops a fit after 5 steps (its step-5 checkpoint is ``last.ckpt``) and resumes it with ``--ckpt_path last``
+on another number of processes, for the rest of 2 epochs, or for 5 steps and then again on a third number. It counts
+the samples each rank trained on in each epoch (``tests/sample_accounting.py``: each digit carries its index). The
+first epoch, all attempts together: every index of the 1,258 exactly once. The second: a fresh run's epoch on the last
+world size, as ``DistributedSampler`` gives it (padded with repeats on 3 processes: 1,258 is not a multiple of 3).
+Weights across world sizes are not compared (another global batch trains other weights); tests/test_resume.py checks
+the same-world-size resume, bit for bit.
 """
 
-import collections
 import itertools
 import sys
 from pathlib import Path
@@ -26,16 +25,18 @@ from project.data.base import ranks
 
 TRAIN_SIZE, BATCH, STOP_AT = 1258, 64, 5
 RECORD = ("--trainer.callbacks+=sample_accounting.TrainedSamples", "--trainer.callbacks.output_dir")
-CASES = {  # name: (processes before, after, extra data flags)
-    "2-then-1": (2, 1, ()),  # the issue's: a node gone
-    "1-then-2": (1, 2, ()),
-    "2-then-3-dataloader": (2, 3, ("--data.init_args.in_memory", "false", "--data.init_args.num_workers", "1")),
+CASES = {  # name: (the processes of each attempt, extra data flags)
+    "2-then-1": ((2, 1), ()),  # the issue's: a node gone
+    "1-then-2": ((1, 2), ()),
+    "2-then-3-dataloader": ((2, 3), ("--data.init_args.in_memory", "false", "--data.init_args.num_workers", "1")),
+    "2-then-1-then-3": ((2, 1, 3), ()),  # stopped again inside the re-split epoch
 }
 
 
 def fit(root: Path, processes: int, record: Path, *extra: str) -> str:
     data = ("--data.class_path", "sample_accounting.IndexedDigits", "--data.init_args.batch_size", str(BATCH))
-    args = quick_args(root, "--trainer.devices", str(processes), *data, *RECORD, str(record), *extra)
+    every = ("--trainer.max_epochs", "2", "--checkpoint.every_n_train_steps", str(STOP_AT))
+    args = quick_args(root, "--trainer.devices", str(processes), *data, *every, *RECORD, str(record), *extra)
     result = run_project("fit", *args, cwd=REPO)
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stderr
@@ -54,21 +55,26 @@ def fresh_epoch(world_size: int, epoch: int) -> list[int]:
 @pytest.mark.slow
 @pytest.mark.parametrize("name", CASES)
 def test_a_resume_on_another_world_size_trains_each_sample_of_the_epoch_once(name, tmp_path):
-    before, after, data = CASES[name]
-    stop = ("--trainer.max_epochs", "2", "--trainer.max_steps", str(STOP_AT))
-    fit(tmp_path / "run", before, tmp_path / "first", *data, *stop, "--checkpoint.every_n_train_steps", str(STOP_AT))
-    said = fit(tmp_path / "run", after, tmp_path / "resumed", *data, "--trainer.max_epochs", "2", "--ckpt_path", "last")
-    first, resumed = read_trained(tmp_path / "first"), read_trained(tmp_path / "resumed")
-
-    assert sorted(first) == [0] and sorted(resumed) == [0, 1]
-    trained_before = list(itertools.chain(*first[0].values()))
-    assert len(trained_before) == STOP_AT * BATCH * before
-    epoch_0 = collections.Counter(trained_before + list(itertools.chain(*resumed[0].values())))
-    assert sorted(epoch_0.elements()) == list(range(TRAIN_SIZE))  # every sample once, none twice, none left out
-    assert sorted(resumed[1]) == list(range(after))
-    assert sorted(itertools.chain(*resumed[1].values())) == fresh_epoch(after, 1)
-    rest = TRAIN_SIZE - len(trained_before)
-    assert f"epoch 0 was begun on {ranks(before)} and resumes on {after}: the {rest} samples of its" in said
+    world_sizes, data = CASES[name]
+    *stopped, last = world_sizes
+    said, epoch_0, trained = [], [], 0
+    for attempt, processes in enumerate(world_sizes):
+        resume = ("--ckpt_path", "last") if attempt else ()
+        stop = ("--trainer.max_steps", str(STOP_AT * (attempt + 1))) if attempt < len(stopped) else ()
+        said.append(fit(tmp_path / "run", processes, tmp_path / f"attempt{attempt}", *data, *resume, *stop))
+        record = read_trained(tmp_path / f"attempt{attempt}")
+        assert sorted(record) == ([0] if stop else [0, 1])
+        assert sorted(record[0]) == list(range(processes))
+        epoch_0 += itertools.chain(*record[0].values())
+        if attempt:
+            before, rest = world_sizes[attempt - 1], TRAIN_SIZE - trained
+            line = f"epoch 0 was checkpointed on {ranks(before)} and resumes on {processes}: the {rest} samples of its"
+            assert line in said[attempt]
+        if stop:
+            assert len(epoch_0) - trained == STOP_AT * BATCH * processes  # 5 steps each, none of them the last
+            trained = len(epoch_0)
+    assert sorted(epoch_0) == list(range(TRAIN_SIZE))  # every sample once, none twice, none left out
+    assert sorted(itertools.chain(*record[1].values())) == fresh_epoch(last, 1)  # as a fresh run's epoch
 
 
 @pytest.fixture(scope="module")
@@ -99,6 +105,6 @@ def test_on_shards_a_resume_on_another_world_size_starts_the_epoch_again_and_say
         args = quick_args(tmp_path, "--trainer.devices", str(processes), *data, *every_2, *extra)
         result = run_project("fit", *args, cwd=REPO)
         assert result.returncode == 0, result.stderr[-3000:]
-    said = "epoch 0 was begun on 2 ranks and resumes on 1: LitData's streaming position cannot be split"
+    said = "epoch 0 was checkpointed on 2 ranks and resumes on 1: LitData's streaming position cannot be split"
     assert said in result.stderr
     assert torch.load(last_checkpoint(tmp_path), weights_only=True)["global_step"] == 2 + 8 + 8

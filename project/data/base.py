@@ -237,7 +237,7 @@ class BaseDataModule(LightningDataModule):
         if sampler.batch_drop_last:
             rule = f"; drop_last: {size - trained - len(share) * sampler.num_replicas} left out, whole batches only"
         say_once(
-            f"epoch {epoch} was begun on {ranks(saved['world_size'])} and resumes on {sampler.num_replicas}: the"
+            f"epoch {epoch} was checkpointed on {ranks(saved['world_size'])} and resumes on {sampler.num_replicas}: the"
             f" {size - trained} samples of its {size} not yet trained, each once{rule}, split across"
             f" {ranks(sampler.num_replicas)} ({steps} steps of up to {sampler.batch_size} a rank)"
         )

@@ -133,7 +133,7 @@ class StreamingDataModule(BaseDataModule):
         loader.keep_position = False
         shift_batch_count(self.trainer, -done)
         say_once(
-            f"epoch {epoch} was begun on {ranks(self.saved_order['world_size'])} and resumes on"
+            f"epoch {epoch} was checkpointed on {ranks(self.saved_order['world_size'])} and resumes on"
             f" {self.trainer.world_size}: LitData's streaming position cannot be split across another number of ranks,"
             f" so the epoch starts again from its first step (the samples of its {done} steps trained before are"
             " trained again)"
