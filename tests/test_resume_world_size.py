@@ -30,6 +30,9 @@ CASES = {  # name: (the processes of each attempt, extra data flags)
     "1-then-2": ((1, 2), ()),
     "2-then-3-dataloader": ((2, 3), ("--data.init_args.in_memory", "false", "--data.init_args.num_workers", "1")),
     "2-then-1-then-3": ((2, 1, 3), ()),  # stopped again inside the re-split epoch
+    # Whole batches only: the rest's 618 samples make 9 batches on 1 process, 42 are left out (as a fresh run leaves
+    # out its last incomplete batch on every rank).
+    "2-then-1-drop-last": ((2, 1), ("--data.init_args.drop_last", "true")),
 }
 
 
@@ -42,13 +45,15 @@ def fit(root: Path, processes: int, record: Path, *extra: str) -> str:
     return result.stderr
 
 
-def fresh_epoch(world_size: int, epoch: int) -> list[int]:
-    """Every index a fresh run on WORLD_SIZE processes trains in EPOCH, all ranks together (seed 42, digits.yaml's)."""
+def fresh_epoch(world_size: int, epoch: int, drop_last: bool) -> list[int]:
+    """Every index a fresh run on WORLD_SIZE processes trains in EPOCH, all ranks together (seed 42, digits.yaml's);
+    DROP_LAST: each rank's last incomplete batch left out."""
     ranks = []
     for rank in range(world_size):
         sampler = DistributedSampler(range(TRAIN_SIZE), world_size, rank, shuffle=True, seed=42)
         sampler.set_epoch(epoch)
-        ranks.append(list(sampler))
+        shard = list(sampler)
+        ranks.append(shard[: len(shard) // BATCH * BATCH] if drop_last else shard)
     return sorted(itertools.chain(*ranks))
 
 
@@ -57,6 +62,7 @@ def fresh_epoch(world_size: int, epoch: int) -> list[int]:
 def test_a_resume_on_another_world_size_trains_each_sample_of_the_epoch_once(name, tmp_path):
     world_sizes, data = CASES[name]
     *stopped, last = world_sizes
+    drop_last = "--data.init_args.drop_last" in data
     said, epoch_0, trained = [], [], 0
     for attempt, processes in enumerate(world_sizes):
         resume = ("--ckpt_path", "last") if attempt else ()
@@ -73,8 +79,14 @@ def test_a_resume_on_another_world_size_trains_each_sample_of_the_epoch_once(nam
         if stop:
             assert len(epoch_0) - trained == STOP_AT * BATCH * processes  # 5 steps each, none of them the last
             trained = len(epoch_0)
-    assert sorted(epoch_0) == list(range(TRAIN_SIZE))  # every sample once, none twice, none left out
-    assert sorted(itertools.chain(*record[1].values())) == fresh_epoch(last, 1)  # as a fresh run's epoch
+    if drop_last:  # each sample at most once; left out: less than a step of the last world size
+        rest = TRAIN_SIZE - trained
+        left_out = rest - rest // last // BATCH * BATCH * last
+        assert len(set(epoch_0)) == len(epoch_0) == TRAIN_SIZE - left_out
+        assert f"drop_last: {left_out} left out, whole batches only" in said[-1]
+    else:
+        assert sorted(epoch_0) == list(range(TRAIN_SIZE))  # every sample once, none twice, none left out
+    assert sorted(itertools.chain(*record[1].values())) == fresh_epoch(last, 1, drop_last)  # as a fresh run's epoch
 
 
 @pytest.fixture(scope="module")
