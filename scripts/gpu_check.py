@@ -57,8 +57,8 @@ def project(log, *args: str, timeout: float = 240) -> tuple[int, str]:
     return run(log, sys.executable, "-m", "project", *args, timeout=timeout)
 
 
-# What a warm-restart supervisor runs before it forks its rank (project/__main__.py, runtime/warm_restart.py), in a
-# fresh interpreter whose CUDA entry points count their calls: a forked rank cannot use a CUDA context made before.
+# What a warm-restart supervisor runs before it forks its rank (project/__main__.py, runtime/warm_restart.py), in
+# a fresh interpreter whose CUDA entry points count their calls: a forked rank cannot use a CUDA context made before.
 CUDA_BEFORE_FORK = """
 import json, torch
 calls = []

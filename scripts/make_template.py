@@ -55,9 +55,10 @@ REFERENCE_PATTERNS = (
     r"(?<=:::){name}(?![\w-])",  # warning filters by module: error:::project
     r"(?<=\[){name}(?=\\*\] )",  # log prefix: [project] resuming, r"\[project\] "
 )
-# The template's own history, kept out of the projects made from it: its dated measurement reports. A Markdown link
-# to one reads as its words there (docs name them as "[the template's reports](reports/)").
-TEMPLATE_ONLY = ("docs/reports/",)
+# The template's own history, kept out of the projects made from it: its dated measurement reports and the figures its
+# benchmarks wrote. A Markdown link to one reads as its words there (docs name them as "[the template's
+# reports](reports/)").
+TEMPLATE_ONLY = ("docs/reports/", "docs/figures/")
 MARKDOWN_LINK = re.compile(r"\[([^\]]+)\]\(([^)#\s]+)[^)]*\)")
 # Names that must be DNS labels (Kubernetes objects) or read as one word: the project's slug, dashes and all.
 SLUG_PATTERNS = (r"(?<![\w.\[=-]){name}(?=-[a-z])",)  # project-fit, /tmp/project-slurm

@@ -1,5 +1,6 @@
-"""What each rank trained on, sample by sample, for tests that count samples across runs (``python -m project`` finds
-these by class path: tests/ is on its path). The digits, each training sample carrying its index in two pixels."""
+"""What each rank trained on, sample by sample, for tests that count samples across runs (``python -m project``
+finds these by class path: tests/ is on its path). The digits, each training sample carrying its index in two
+pixels."""
 
 from pathlib import Path
 from typing import Any

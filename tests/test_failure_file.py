@@ -24,9 +24,11 @@ def test_a_rank_that_crashes_after_training_started_prints_its_tracebacks_file_a
     args = quick_args(tmp_path, "--trainer.devices", "2", "--trainer.max_epochs", "1", *fail)
     result = run_project("fit", *args, cwd=REPO, env=project_env(PYTHONPATH=TESTS))
     assert result.returncode != 0
-    assert "[project] rank 1/2 failed at step 3: RuntimeError: injected failure on rank 1 at step 3" in result.stderr
+    failed = "[project] rank 1/2 failed at step 3: RuntimeError: injected failure on rank 1 at step 3"
+    assert failed in result.stderr
     folder = run_folder(tmp_path, 0)
-    said = re.search(r"\[project\] rank 1: its traceback \((\d+) lines\) is in (\S+); its last 5 lines:", result.stderr)
+    pointer = r"\[project\] rank 1: its traceback \((\d+) lines\) is in (\S+); its last 5 lines:"
+    said = re.search(pointer, result.stderr)
     assert said and said.group(2) == str(folder / "failure-rank1.txt"), result.stderr[-3000:]
     saved = (folder / "failure-rank1.txt").read_text()
     assert TRACEBACK in saved and "fault_injection.py" in saved and saved.count("\n") == int(said.group(1)) + 1

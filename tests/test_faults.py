@@ -526,8 +526,8 @@ def test_ctrl_c_while_the_ranks_wait_for_a_peer_stops_every_process_at_once_with
     stopped = finish(run, timeout=90)
     seconds = time.monotonic() - pressed
     assert stopped.returncode == INTERRUPTED_EXIT_CODE, stopped.stderr[-3000:]
-    # Rank 0 kills the rank it launched at once: rank 1 may be gone before it says so.
-    assert "rank 0: Ctrl-C at step 0: stopped without saving" in stopped.stderr, stopped.stderr[-3000:]
+    # The ranks wait in the store's C++ wait, where Python raises nothing: the early Ctrl-C watch ends each process.
+    assert stopped.stderr.count("stopped at once, before training: nothing saved") >= 1, stopped.stderr[-3000:]
     assert seconds < 15
     assert processes_left(stopped) == []
     assert not (tmp_path / "run").exists()

@@ -1,5 +1,6 @@
-"""The launch environment (project/launch_environment.py): a variable the run's cluster environment would read that
-cannot work is refused before anything starts, naming the variable, its value and its range; exit 2, no run folder."""
+"""The launch environment (project/launch_environment.py): a variable the run's cluster environment would read
+that cannot work is refused before anything starts, naming the variable, its value and its range; exit 2, no run
+folder."""
 
 import sys
 

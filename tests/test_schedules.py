@@ -121,8 +121,8 @@ def test_a_max_time_run_fits_its_schedule_to_its_pace_and_a_resumed_one_keeps_th
     whole = run_project("fit", *quick_args(tmp_path / "whole", *flags), cwd=REPO)
     assert whole.returncode == 0, whole.stderr[-3000:]
     line = re.search(
-        r"\[project\] schedule: max_time 0:00:08 bounds the run: WarmupCosineLR fitted to (\d+) steps, estimated from"
-        r" the pace of steps 50-100 \(([\d.]+) steps/s\)",
+        r"\[project\] schedule: max_time 0:00:08 bounds the run: WarmupCosineLR fitted to (\d+) steps, estimated"
+        r" from the pace of steps 50-100 \(([\d.]+) steps/s\)",
         whole.stderr,
     )
     assert line, whole.stderr[-3000:]
