@@ -17,7 +17,7 @@ What it measures, per N:
 Threads share 2 cores and one interpreter here: a real node has its own CPU, so the figures are upper bounds for the
 template's code, and torch's rendezvous suffers the same (its compare-and-set retries contend under the GIL).
 
-    python -m benchmarks.scale                      # N = 8 ... 1024: docs/figures/scale.md, .json, .png
+    python -m benchmarks.scale                      # N = 8 ... 1024: a table, its figures (JSON), a plot (--output)
     python -m benchmarks.scale --nodes 64 256 --torch-timeout 30 --output /tmp/scale
 """
 
