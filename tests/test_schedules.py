@@ -9,21 +9,20 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import DIGITS_CONFIG, REPO, assert_same_weights, last_checkpoint, project_env, quick_args, run_project
+from helpers import (
+    DIGITS_CONFIG,
+    REPO,
+    assert_same_weights,
+    last_checkpoint,
+    project_env,
+    quick_args,
+    rates,
+    run_project,
+)
 from torch import nn
 
 from project.__main__ import main
 from project.schedules import WarmupCosineLR
-
-
-def rates(scheduler: WarmupCosineLR, steps: int) -> list[float]:
-    """The learning rate each of STEPS optimizer steps uses."""
-    used = []
-    for _ in range(steps):
-        used.append(scheduler.get_last_lr()[0])
-        scheduler.optimizer.step()
-        scheduler.step()
-    return used
 
 
 def test_warm_up_is_linear_then_cosine_reaches_eta_min_at_the_last_step():

@@ -3,6 +3,7 @@ measured pace allows, the smaller bound winning, and the estimate travels in the
 
 import pytest
 import torch
+from helpers import rates
 from torch import nn
 
 from project.schedules import WarmupCosineLR
@@ -58,15 +59,6 @@ def test_the_pace_is_timed_after_the_start_up_steps():
 
 def schedule(warmup_steps: int = 0) -> WarmupCosineLR:
     return WarmupCosineLR(torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=1.0), warmup_steps=warmup_steps)
-
-
-def rates(scheduler: WarmupCosineLR, steps: int) -> list[float]:
-    used = []
-    for _ in range(steps):
-        used.append(scheduler.get_last_lr()[0])
-        scheduler.optimizer.step()
-        scheduler.step()
-    return used
 
 
 def test_a_provisional_schedule_holds_the_cosines_start_until_fitted_then_resumes_on_the_fitted_curve():

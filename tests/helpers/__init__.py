@@ -27,6 +27,7 @@ from helpers.runs import (
     metrics_rows,
     run_folder,
 )
+from helpers.schedules import rates
 
 __all__ = [
     "DIGITS_CONFIG",
@@ -48,6 +49,7 @@ __all__ = [
     "processes_left",
     "project_env",
     "quick_args",
+    "rates",
     "run_folder",
     "run_in_process",
     "run_project",
