@@ -73,6 +73,18 @@ class SlowSteps(Callback):
         time.sleep(self.seconds)
 
 
+class SlowRank(Callback):
+    """Rank ``rank`` sleeps SECONDS at the start of every training step (before the preemption check's clock reads
+    the step's start, so it counts as waiting for its batch): a throttled CPU or a slow disk on one rank."""
+
+    def __init__(self, seconds: float, rank: int = 1) -> None:
+        self.seconds, self.rank = seconds, rank
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, *args: object) -> None:
+        if trainer.global_rank == self.rank:
+            time.sleep(self.seconds)
+
+
 COLLECTIVES = (
     "all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce", "reduce_scatter",
     "reduce_scatter_tensor", "gather", "scatter", "all_to_all", "all_to_all_single", "barrier", "monitored_barrier",

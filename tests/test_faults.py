@@ -52,6 +52,7 @@ from project.runtime.early_interrupt import EarlyInterrupt
 from project.runtime.faults import FailFast, Heartbeat, is_alive, pid_space, wait_until
 from project.runtime.nan_guard import NaNGuard
 from project.runtime.preemption import PreemptionCheck, requeue_slurm_job
+from project.runtime.slow_rank import StepTimes
 from project.runtime.throughput import Throughput
 
 TESTS = str(REPO / "tests")
@@ -362,6 +363,50 @@ def test_training_makes_no_per_step_collective(tmp_path, periodic):
         assert record["steps"] == 100
         assert record["counts"] == {"all_reduce": 2}  # at steps 50 and 100
         assert sum(record["counts"].values()) / record["steps"] <= 0.1
+    assert "is slow" not in result.stderr  # no rank slowed: none named (the step times ride on the same all-reduce)
+
+
+SLOW_RANK_LINE = (
+    r"\[project\] rank 1 \(host (\S+)\) is slow: ([\d.]+) ms of its own work a step"
+    r" \(the wait for its batch and its forward\) against a median of ([\d.]+) ms on the other ranks"
+    r" over the last 4 steps \(([\d.]+)x\)"
+)
+
+
+def test_a_slow_rank_is_named_after_two_checks_in_a_row_once_an_episode_and_never_for_noise():
+    """The rule alone (µs a step for each rank): above 1.5x the others' median and 5 ms above it, twice in a row."""
+    times = StepTimes()
+    times.hosts = ["a", "b", "c"]
+    assert times.judge([1000, 12000, 1100], 50) == []  # the first slow check: a hiccup is not named
+    [line] = times.judge([1000, 12300, 1100], 50)
+    assert line == (
+        "rank 1 (host b) is slow: 12.3 ms of its own work a step (the wait for its batch and its forward) against a"
+        " median of 1.1 ms on the other ranks over the last 50 steps (11.7x)"
+    )
+    assert times.judge([1000, 12000, 1100], 50) == []  # the same episode: said once
+    assert times.judge([1000, 1000, 1100], 50) == []  # it ended
+    assert times.judge([1000, 12000, 1100], 50) == [] and len(times.judge([1000, 12000, 1100], 50)) == 1  # a new one
+    for _ in range(3):  # 4x the others, but only 3 ms above them: noise on a toy step
+        assert times.judge([1000, 4000, 1000], 50) == []
+
+
+@pytest.mark.slow
+def test_a_rank_slow_on_every_step_is_named_once_with_its_host_by_the_periodic_exchange(tmp_path):
+    """Rank 1 sleeps 20 ms at the start of every step; the exchange every 4 steps carries each rank's own time a step
+    (the wait for its batch plus its forward, not the backward where the ranks wait for each other): rank 1 is named
+    after 2 checks in a row, once, by rank 0, with its host."""
+    slow = ("--trainer.callbacks+=fault_injection.SlowRank", "--trainer.callbacks.seconds", "0.02")
+    steps = ("--trainer.max_steps", "24", "--preemption.check_every_n_steps", "4")
+    result, _ = fit(tmp_path / "run", *steps, *slow)
+    assert result.returncode == 0, result.stderr[-3000:]
+    named = re.findall(SLOW_RANK_LINE, result.stderr)
+    # Printed by rank 0 alone, once a slow episode (the rule's test above); a window that the shared CPUs slowed on
+    # rank 0 too could end an episode here and start another.
+    assert 1 <= len(named) <= 2, result.stderr[-3000:]
+    host, own, median, ratio = named[0]
+    assert host == socket.gethostname()
+    assert float(own) >= 20 and float(own) - float(median) >= 5 and float(ratio) >= 1.5
+    assert "rank 0 (host" not in result.stderr
 
 
 @pytest.mark.slow

@@ -16,7 +16,8 @@ SIGKILL after a grace period. Lightning 2.6 handles SIGTERM with two private pie
 Every ``check_every_n_steps`` training steps, at the same step on every rank, the ranks sum their flags over a CPU
 (gloo) group: a host-side exchange, never a GPU sync. When any rank was signalled, every rank stops after that step,
 rank 0 saves ``last.ckpt`` through ModelCheckpoint's path and the checkpoint IO (atomic, RNG states included), and
-every process exits with ``PREEMPTED_EXIT_CODE``.
+every process exits with ``PREEMPTED_EXIT_CODE``. The same exchange carries each rank's own step time, which names a
+slow rank (``slow_rank.py``): the tensor holds the flags, then each rank's own microseconds a step.
 
 SLURM's time-limit warning (``#SBATCH --signal=SIGUSR1@120`` in ``scripts/slurm.sbatch``) goes the same way. Lightning's
 own handler (``_SignalConnector._slurm_sigusr_handler_fn``) saves ``hpc_ckpt_N.ckpt`` from inside the signal handler,
@@ -55,6 +56,7 @@ from project.runs.folders import resume_command, slurm_job_id
 from project.runtime.early_interrupt import EarlyInterrupt
 from project.runtime.faults import Stopped, finish_pending_save, report
 from project.runtime.requeue_signal import EarlyRequeueSignal
+from project.runtime.slow_rank import StepTimes
 from project.runtime.strategy import process_group_timeout
 
 SIGTERM_FLAG, REQUEUE_FLAG, INTERRUPT_FLAG = 1, 2, 4  # a rank's flags, summed across ranks: each writes its own slot
@@ -111,13 +113,24 @@ class PreemptionCheck(Callback):
         self._launched: list[subprocess.Popen] = []  # taken out of Lightning's watch by a stop
         self._pid, self._announce, self._previous_sigint = 0, False, None
         self.periodic: PeriodicSave | None = None  # registers itself: its clock is read at this check's exchanges
+        self.step_times = StepTimes()  # each rank's own work a step, carried by the same exchange
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage == "fit":
             self.install(trainer)
 
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.step_times.epoch_start()
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
+        self.step_times.batch_start()
+
+    def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss: torch.Tensor) -> None:
+        self.step_times.before_backward()
+
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
         self.after_step(trainer)
+        self.step_times.batch_end()  # after the check: its save and exchange are not this rank's own work
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         if isinstance(exception, (Interrupted, KeyboardInterrupt)):  # Ctrl-C again, or before the first step
@@ -145,6 +158,7 @@ class PreemptionCheck(Callback):
             gloo = dist.get_backend() == dist.Backend.GLOO
             timeout = process_group_timeout(trainer.strategy)
             self._group = dist.group.WORLD if gloo else dist.new_group(backend=dist.Backend.GLOO, timeout=timeout)
+            self.step_times.gather_hosts(self._group, trainer.world_size)  # once, not per check
 
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
         self.signalled |= SIGTERM_FLAG  # nothing else: no I/O, no collective inside a signal handler
@@ -202,9 +216,13 @@ class PreemptionCheck(Callback):
                 self._stop(trainer, [self.signalled])
         elif self._steps % self.check_every_n_steps == 0:
             due = self.periodic is not None and trainer.is_global_zero and self.periodic.due()
-            flags = torch.zeros(trainer.world_size, dtype=torch.int32)
-            flags[trainer.global_rank] = self.signalled | (PERIODIC_FLAG if due else 0)
-            dist.all_reduce(flags, group=self._group)
+            world = trainer.world_size
+            exchanged = torch.zeros(2 * world, dtype=torch.int32)  # one collective: the flags, then the step times
+            exchanged[trainer.global_rank] = self.signalled | (PERIODIC_FLAG if due else 0)
+            exchanged[world + trainer.global_rank] = self.step_times.window_microseconds()
+            dist.all_reduce(exchanged, group=self._group)
+            flags, microseconds = exchanged[:world], exchanged[world:].tolist()
+            self.step_times.report(microseconds, self.check_every_n_steps, trainer.is_global_zero)
             stops = [flag & ~PERIODIC_FLAG for flag in flags.tolist()]
             if any(stops):  # the stop saves last.ckpt
                 self._stop(trainer, stops)
