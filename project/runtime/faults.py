@@ -268,11 +268,7 @@ class Beat(NamedTuple):
 
 def is_alive(pid: int) -> bool:
     """Whether PID is a process that has not ended (a crashed rank its launcher has not reaped yet is a zombie)."""
-    try:
-        with open(f"/proc/{pid}/stat") as file:
-            return file.read().rpartition(")")[2].split()[0] != "Z"
-    except OSError:
-        return False
+    return warm_restart.process_state(pid) not in ("Z", "")
 
 
 def pid_space() -> str:

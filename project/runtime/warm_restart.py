@@ -142,7 +142,8 @@ class Supervisor:
                 return os.waitstatus_to_exitcode(status), killed_here
             if failed_at is None and failed.is_set():
                 failed_at = time.monotonic()
-            ending = failed_at is not None and _state(pid) not in ("Z", "")  # a rank that ended is reaped, not killed
+            # A rank that has ended is reaped, not killed.
+            ending = failed_at is not None and process_state(pid) not in ("Z", "")
             if not killed_here and ending and self._may_end(pid, time.monotonic() - failed_at):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
@@ -271,7 +272,7 @@ def _serve_apart(address: str, port: int, member: rendezvous.Member) -> None:
         raise rendezvous.StartupFailed(message, int(code))
 
 
-def _state(pid: int) -> str:
+def process_state(pid: int) -> str:
     """PID's state letter in /proc (Z: ended, not reaped yet; T: stopped), "" where it is gone."""
     try:
         with open(f"/proc/{pid}/stat") as file:
@@ -282,7 +283,7 @@ def _state(pid: int) -> str:
 
 def _is_stopped(pid: int) -> bool:
     """Whether PID is stopped (SIGSTOP, a debugger): it cannot finish a write."""
-    return _state(pid) in ("T", "t")
+    return process_state(pid) in ("T", "t")
 
 
 def _die_with_parent() -> None:
