@@ -1,7 +1,6 @@
-"""A PyTorch Lightning template for distributed training: the same code on one CPU, many GPUs and many nodes.
+"""A PyTorch Lightning project for distributed training: the same code on one CPU, many GPUs and many nodes.
 
-What you edit to make it yours: ``networks.py`` (the network), ``module.py`` (loss, metrics, optimizer), ``data/``
-(data sources) and ``configs/``. The machinery: ``cli.py`` (the command line), ``commands/`` (the other commands),
-``runtime/`` (how processes start, talk, stop and fail), ``runs/`` (what a run leaves on disk: run folders,
-checkpoints, logs) and ``lightning_internals.py`` (the one module that uses Lightning's private API).
+What is yours to edit: ``networks.py`` (the networks), ``module.py`` (loss, metrics, optimizer), ``schedules.py``
+(learning-rate schedules), ``data.py`` (data sources), ``callbacks.py`` and ``configs/``. How processes start, talk,
+stop, fail and save is the ``trainfleet`` library's: its version is pinned in ``uv.lock``.
 """

@@ -1,7 +1,7 @@
 """Your callbacks: the place for what a run should do beside training (log, plot, stop early, save extra files).
 
 A callback is a ``lightning.pytorch.Callback`` with the hooks it needs; a config lists it under
-``trainer.callbacks`` (``configs/grad_norm.yaml``), beside the callbacks every run gets (project/cli.py).
+``trainer.callbacks`` (``configs/grad_norm.yaml``), beside the callbacks every run gets (trainfleet/cli.py).
 A later ``--config`` whose ``trainer.callbacks`` is a list replaces this list: name every callback the run wants in
 one list. The template's own (fail-fast, NaN guard, throughput, resume state, preemption: ``add_safeguards`` in
 cli.py) are machinery, in ``runtime/`` and ``runs/``.

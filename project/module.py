@@ -16,10 +16,10 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor, nn
 from torchmetrics import MeanMetric, Metric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
+from trainfleet import time_budget
+from trainfleet.batched_metrics import BatchedUpdates
+from trainfleet.messages import report
 
-from project import time_budget
-from project.batched_metrics import BatchedUpdates
-from project.messages import report
 from project.schedules import WarmupCosineLR
 
 STAGES = ("train", "val", "test")
@@ -145,7 +145,7 @@ class ClassificationModule(LightningModule):
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         """The loss curve, ``train_loss_step``: each ``log_every_n_steps`` window's mean loss, logged once a window
-        (a self.log call per step would cost Lightning more than a small CPU step's work: docs/performance.md)."""
+        (a self.log call per step would cost Lightning more than a small CPU step's work: library/docs/performance.md)."""
         self.window_losses.append(outputs["loss"].detach() if isinstance(outputs, dict) else outputs.detach())
         if self.trainer.global_step % self.trainer.log_every_n_steps == 0:  # at the logging steps: a resumed run's too
             mean, self.window_losses = torch.stack(self.window_losses).mean(), []

@@ -1,7 +1,7 @@
-"""Writes a data module's train/val/test splits as LitData shards, for ``project.data.StreamingDataModule``.
+"""Writes a data module's train/val/test splits as LitData shards, for ``trainfleet.data.StreamingDataModule``.
 
     python scripts/make_shards.py --data project.data.DigitsDataModule --output data/shards/digits
-    python scripts/make_shards.py --data project.data.ImageFolderDataModule --data.root data/images \\
+    python scripts/make_shards.py --data trainfleet.data.ImageFolderDataModule --data.root data/images \\
         --data.grayscale true --output data/shards/images
     python scripts/make_shards.py ... --output s3://bucket/shards/images   # straight to object storage
 
@@ -21,11 +21,10 @@ import fsspec
 import torch
 from jsonargparse import ArgumentParser
 from torch.utils.data import Dataset
-
-from project.data import BaseDataModule
-from project.data.base import SPLITS
-from project.data.streaming import SCHEMA_FILE
-from project.data.transforms import Transformed
+from trainfleet.data import BaseDataModule
+from trainfleet.data.base import SPLITS
+from trainfleet.data.streaming import SCHEMA_FILE
+from trainfleet.data.transforms import Transformed
 
 
 def item(dataset: Dataset, index: int) -> dict:

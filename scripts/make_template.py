@@ -38,8 +38,8 @@ ENDRAW = re.compile(r"(\{%[-+]?\s*endraw\s*[-+]?%\})")  # every spelling Jinja e
 
 # Each pattern finds one kind of reference to the package NAME (substituted for {name}).
 REFERENCE_PATTERNS = (
-    r"(?<![\w.\[/-]){name}(?=\.[A-Za-z_])",  # modules, class paths: project.cli (not [project.x])
-    r"(?<![\w-]){name}(?=/)",  # paths: project/cli.py
+    r"(?<![\w.\[/-]){name}(?=\.[A-Za-z_])",  # modules, class paths: trainfleet.cli (not [project.x])
+    r"(?<![\w-]){name}(?=/)",  # paths: trainfleet/cli.py
     r"(?<=-m ){name}(?![\w-])",  # python -m project
     r"(?<=\bimport ){name}(?![\w.-])",  # import project
     r"(?<=\bfrom ){name}(?= import\b)",  # from project import doctor
@@ -49,7 +49,7 @@ REFERENCE_PATTERNS = (
     r"(?<=usage: ){name}(?= )",  # usage: project [-c CONFIG] ...: the console command's usage line
     r"(?<=[\"']){name}(?= (?:fit|validate|test|predict|doctor|sweep|consolidate)\b)",  # "project fit"
     r"(?<=/bin/){name}(?![\w-])",  # /usr/local/bin/project: the console command's path
-    r"(?m)^{name}(?=\s*=\s*[\"']{name}[.:])",  # the console script: project = "project.cli:main"
+    r"(?m)^{name}(?=\s*=\s*[\"']{name}[.:])",  # the console script: project = "trainfleet.cli:main"
     r"(?<==){name}(?!\w)",  # option values: --job-name=project, --job-name=project-sweep
     r"(?<=/){name}(?=:[\w.-])",  # container images: registry.example.com/project:latest
     r"(?<=:::){name}(?![\w-])",  # warning filters by module: error:::project
@@ -258,7 +258,7 @@ def template_text(text: str, name: str, path: str = "", description: str = "") -
 
 
 def template_path(path: str, name: str) -> Path:
-    """PATH with the package folder as the variable: project/cli.py -> {{cookiecutter.package_name}}/cli.py."""
+    """PATH with the package folder as the variable: trainfleet/cli.py -> {{cookiecutter.package_name}}/cli.py."""
     parts = ["{{cookiecutter.package_name}}" if part == name else part for part in Path(path).parts]
     return Path(PROJECT_DIR, *parts)
 

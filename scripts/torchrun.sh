@@ -11,7 +11,7 @@
 # Self-healing: when a rank fails (crashes, is killed, or hangs past the process-group timeout), every rank is
 # restarted, up to MAX_RESTARTS times (default 3); with `--ckpt_path auto` they resume the run from its newest
 # checkpoint. The restarts are warm: each worker process forks its rank after importing torch and Lightning, and forks
-# it again after a failure (project/runtime/warm_restart.py), so torchrun itself restarts nothing (--max-restarts 0).
+# it again after a failure (trainfleet/runtime/warm_restart.py), so torchrun itself restarts nothing (--max-restarts 0).
 # A refusal (exit 2), the NaN guard (exit 3), a full disk (exit 4), Ctrl-C (130) and SIGTERM (143) end the job, with
 # that code. Each rank records its outcome in PROJECT_EXIT_FILE (the restart's cause, the job's final code).
 #
@@ -26,7 +26,7 @@ if [[ -n $CHECKPOINT_EVERY && ! $CHECKPOINT_EVERY =~ ^[0-9]+:[0-5][0-9]:[0-5][0-
 fi
 periodic=()
 if [[ -n $CHECKPOINT_EVERY ]]; then
-  periodic=(--periodic.every "$CHECKPOINT_EVERY" --trainer.plugins project.checkpoints.files.AsyncAtomicCheckpointIO)
+  periodic=(--periodic.every "$CHECKPOINT_EVERY" --trainer.plugins trainfleet.checkpoints.files.AsyncAtomicCheckpointIO)
 fi
 NUM_NODES=${NUM_NODES:-1}
 DEVICES=${DEVICES:-1}

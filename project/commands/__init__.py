@@ -1,3 +1,0 @@
-"""The commands besides Lightning's (``fit``, ``validate``, ``test``, ``predict``: ``cli.py``), one per file, each
-with a ``main(argv) -> exit code``; ``project/__main__.py`` is their one entry point. Nothing else imports this
-package."""
