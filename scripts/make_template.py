@@ -55,10 +55,19 @@ REFERENCE_PATTERNS = (
     r"(?<=:::){name}(?![\w-])",  # warning filters by module: error:::project
     r"(?<=\[){name}(?=\\*\] )",  # log prefix: [project] resuming, r"\[project\] "
 )
-# The template's own history, kept out of the projects made from it: its dated measurement reports and the figures its
-# benchmarks wrote. A Markdown link to one reads as its words there (docs name them as "[the template's
-# reports](reports/)").
-TEMPLATE_ONLY = ("docs/reports/", "docs/figures/")
+# What stays in this repository: the library (a project installs it, pinned: LIBRARY_REQUIREMENT), this script, the
+# checks across Pythons and the lock files of the workspace (a project locks its own: POST_GEN_HOOK). A Markdown link
+# to one reads as its words there.
+TEMPLATE_ONLY = ("library/", "scripts/make_template.py", ".ci/pythons", ".ci/python_versions.py", "requirements.txt")
+TEMPLATE_ONLY += ("uv.lock",)
+# Lines of a file that concern the template only (the workspace, the library's tests), between two marker lines.
+TEMPLATE_ONLY_LINES = re.compile(r"(?m)^.*\btemplate only\b.*\n(?:.*\n)*?.*\bend of template only\b.*\n")
+TESTPATHS = 'testpaths = ["tests"]'  # a project's own tests (the library's are in this repository)
+# The library, as a project depends on it: a git URL with the library's tag and folder (uv and pip both take it).
+LIBRARY_REQUIREMENT = (
+    '"trainfleet @ git+{{ cookiecutter.library_repository }}@trainfleet-v{version}#subdirectory=library",'
+    "  # the machinery: a newer version is a newer tag here, then `uv sync`"
+)
 MARKDOWN_LINK = re.compile(r"\[([^\]]+)\]\(([^)#\s]+)[^)]*\)")
 # Names that must be DNS labels (Kubernetes objects) or read as one word: the project's slug, dashes and all.
 SLUG_PATTERNS = (r"(?<![\w.\[=-]){name}(?=-[a-z])",)  # project-fit, /tmp/project-slurm
@@ -80,7 +89,7 @@ def unlink_template_only(text: str, path: str) -> str:
     return MARKDOWN_LINK.sub(words_if_template_only, text)
 
 
-def file_edits(path: str, description: str) -> tuple[tuple[str, str], ...]:
+def file_edits(path: str, description: str, library_version: str = "") -> tuple[tuple[str, str], ...]:
     """Edits that put the new project's own words in place of this one's. Idempotent: a rendered project
     templates again cleanly, its description paragraph and authors line are replaced, not added to."""
     if path == "README.md":
@@ -89,7 +98,9 @@ def file_edits(path: str, description: str) -> tuple[tuple[str, str], ...]:
     if path == "pyproject.toml":
         lines = "description = {{ cookiecutter.description | tojson }}\n"
         lines += "authors = [{ name = {{ cookiecutter.author | tojson }} }]"
-        return ((r"(?m)^description = .*$(?:\nauthors = .*$)?", lines),)
+        requirement = LIBRARY_REQUIREMENT.replace("{version}", library_version)
+        dependency = (r'(?m)(?<=^    )"trainfleet",.*$', requirement)
+        return (r"(?m)^description = .*$(?:\nauthors = .*$)?", lines), dependency, (r"(?m)^testpaths = .*$", TESTPATHS)
     return ()
 
 
@@ -103,7 +114,8 @@ if not (package_name.isascii() and package_name.isidentifier()) or keyword.iskey
     sys.exit(f"package_name must be a Python identifier (ASCII letters, digits, underscores), got {package_name!r}")
 '''
 
-POST_GEN_HOOK = '''"""Makes the new project a git repository holding one commit of everything cookiecutter wrote.
+POST_GEN_HOOK = '''"""Locks the new project's packages (``uv lock``: the library's commit among them) and makes it a git
+repository holding one commit of everything cookiecutter wrote.
 
 Without a git identity configured, the template's author makes the commit. A failure leaves the project as written
 and says so (a failing hook would make cookiecutter delete it). Not when cruft renders it: `cruft update` diffs two
@@ -123,6 +135,15 @@ def git(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["git", *args], capture_output=True, text=True)
 
 
+def lock() -> str:
+    """Why the project could not be locked; empty when it was (uv resolves from the package index and the library's
+    repository: with neither reachable, the first `uv sync` locks it)."""
+    if shutil.which("uv") is None:
+        return "uv is not installed"
+    done = subprocess.run(["uv", "lock", "--quiet"], capture_output=True, text=True)
+    return "" if done.returncode == 0 else f"uv lock failed: {done.stderr.strip()[-500:]}"
+
+
 def commit() -> str:
     """Why the project could not be committed; empty when it was."""
     if shutil.which("git") is None:
@@ -138,11 +159,14 @@ def commit() -> str:
     return ""
 
 
+if not RENDERED_BY_CRUFT and (why := lock()):
+    print(f"the project is written but not locked ({why}): uv lock", file=sys.stderr)
 if not RENDERED_BY_CRUFT and (why := commit()):
     print(f"the project is written but not committed ({why}): git init && git add -A && git commit", file=sys.stderr)
 '''
 
 Files = dict[str, tuple[bytes, int]]  # path: (content, mode)
+REPOSITORY = Path(__file__).resolve().parents[1]
 
 
 class UncommittedChanges(RuntimeError):
@@ -236,7 +260,7 @@ def raw(text: str) -> str:
     )
 
 
-def template_text(text: str, name: str, path: str = "", description: str = "") -> str:
+def template_text(text: str, name: str, path: str = "", description: str = "", library_version: str = "") -> str:
     """TEXT as a Jinja template: package references become the package_name variable, all else verbatim.
 
     PATH picks the per-file edits; DESCRIPTION is this project's, replaced where the README repeats it.
@@ -245,7 +269,7 @@ def template_text(text: str, name: str, path: str = "", description: str = "") -
     # A rendered project's slug is its package name with dashes (leaf-lab-slurm for leaf_lab): templated again too.
     slug = re.escape(name.replace("_", "-"))
     edits += [(pattern.format(name=slug), SLUG_VAR) for pattern in SLUG_PATTERNS]
-    edits += file_edits(path, description)
+    edits += file_edits(path, description, library_version)
     spans = sorted({(m.start(), m.end(), value) for pattern, value in edits for m in re.finditer(pattern, text)})
     pieces, position = [], 0
     for start, end, value in spans:
@@ -263,14 +287,22 @@ def template_path(path: str, name: str) -> Path:
     return Path(PROJECT_DIR, *parts)
 
 
-def cookiecutter_json(pyproject: dict) -> dict:
+def cookiecutter_json(pyproject: dict, library_repository: str) -> dict:
     return {
         "project_name": "My Lightning Project",
         "project_slug": "{{ cookiecutter.project_name | slugify }}",  # ASCII letters, digits, dashes
         "package_name": "{{ cookiecutter.project_slug.replace('-', '_') }}",
         "author": "Your Name",
         "description": description(pyproject),
+        "library_repository": library_repository,  # where uv and pip fetch the library from (a git URL)
     }
+
+
+def library_repository(repo: Path) -> str:
+    """Where this repository is published (its ``origin``), else where it is on disk: the library's git URL."""
+    origin = subprocess.run(["git", "remote", "get-url", "origin"], cwd=repo, capture_output=True, text=True)
+    url = origin.stdout.strip() if origin.returncode == 0 else ""
+    return url if "://" in url else repo.resolve().as_uri()
 
 
 def make_template(repo: Path, out_dir: Path, ref: str = "HEAD", worktree: bool = False) -> Path:
@@ -294,18 +326,21 @@ def make_template(repo: Path, out_dir: Path, ref: str = "HEAD", worktree: bool =
     if out_dir.exists():
         clear_template(out_dir)
     name, words = package_name(pyproject), description(pyproject)
+    library = files.get("library/pyproject.toml")
+    library_version = tomllib.loads(library[0].decode())["project"]["version"] if library else "0"
     for path, (content, mode) in files.items():
         if template_only(path):
             continue
         target = out_dir / template_path(path, name)
         target.parent.mkdir(parents=True, exist_ok=True)
         try:
-            text = unlink_template_only(content.decode("utf-8"), path)
-            target.write_text(template_text(text, name, path, words), encoding="utf-8")
+            text = TEMPLATE_ONLY_LINES.sub("", unlink_template_only(content.decode("utf-8"), path))
+            target.write_text(template_text(text, name, path, words, library_version), encoding="utf-8")
         except UnicodeDecodeError:  # binary: cookiecutter copies it without rendering
             target.write_bytes(content)
         target.chmod(mode)  # keeps scripts executable
-    (out_dir / "cookiecutter.json").write_text(json.dumps(cookiecutter_json(pyproject), indent=2) + "\n")
+    context = cookiecutter_json(pyproject, library_repository(repo))
+    (out_dir / "cookiecutter.json").write_text(json.dumps(context, indent=2) + "\n")
     (out_dir / "hooks").mkdir()
     (out_dir / "hooks" / "pre_gen_project.py").write_text(PRE_GEN_HOOK)
     (out_dir / "hooks" / "post_gen_project.py").write_text(POST_GEN_HOOK)
@@ -321,12 +356,13 @@ def main(argv: list[str] | None = None) -> None:
     source.add_argument("--worktree", action="store_true", help="make it from the files on disk, uncommitted or not")
     args = parser.parse_args(argv)
     try:
-        out_dir = make_template(Path(__file__).resolve().parents[1], args.out_dir, args.ref, args.worktree)
+        out_dir = make_template(REPOSITORY, args.out_dir, args.ref, args.worktree)
     except (FileExistsError, RuntimeError, ValueError) as error:
         parser.error(str(error))
     made_from = "the working tree, uncommitted changes included" if args.worktree else args.ref
     print(f"template of {made_from} committed in {out_dir}; create a project with: cruft create {out_dir}")
     print("(or bring this version into a project made from it: cd <project> && cruft update)")
+    print(f"projects install the library from {library_repository(REPOSITORY)} at its tag (git tag -l 'trainfleet-v*')")
     if importlib.util.find_spec("cruft") is None:
         print("cruft is not installed here: pip install cruft (it is in the dev extra)")
 

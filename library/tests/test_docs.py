@@ -28,7 +28,7 @@ def test_every_path_named_in_docs_and_comments_exists():
 def test_the_readme_is_short_and_links_every_docs_page():
     readme = (REPO / "README.md").read_text()
     assert len(readme.splitlines()) <= 250
-    assert {Path(link).name for link in LINK.findall(readme) if link.startswith("docs/")} == {
+    assert {Path(link).name for link in LINK.findall(readme) if link.startswith("library/docs/")} == {
         page.name for page in PAGES[1:]
     }
 

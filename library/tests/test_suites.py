@@ -1,13 +1,12 @@
-"""The reusable suites (trainfleet/testing.py) applied to the template's own networks, module and data modules: what a
-user's subclass of them runs, and proof that the checks pass on code known to be right and fail on code known to be
-wrong."""
+"""The reusable suites (trainfleet/testing.py) beyond what a project applies to its own classes (its tests/): the
+library's data modules, a plain LightningDataModule, and proof that the checks fail on code known to be wrong."""
 
 import pytest
 import torch
 from lightning.pytorch import LightningDataModule
 from project.data import DigitsDataModule
 from project.module import ClassificationModule
-from project.networks import MLP, SmallCNN, TorchvisionModel
+from project.networks import MLP
 from torch import nn
 from torch.utils.data import DataLoader, Subset, TensorDataset
 
@@ -15,33 +14,17 @@ from trainfleet.data import TableDataModule
 from trainfleet.testing import BaseDataModuleSuite, DataModuleSuite, ModuleSuite, NetworkSuite
 
 
-class TestMLP(NetworkSuite):
-    network_class = MLP
-    init_args = {"hidden_sizes": (16, 8)}
-
-
-class TestSmallCNN(NetworkSuite):
-    network_class = SmallCNN
-    init_args = {"channels": (4, 8)}
-
-
-class TestSmallCNNOnColourImages(TestSmallCNN):
-    input_shape = (3, 28, 28)
-
-
-class TestTorchvisionModel(NetworkSuite):
-    network_class = TorchvisionModel
-    init_args = {"name": "resnet18"}
-    input_shape = (3, 32, 32)
-
-    @pytest.fixture(autouse=True)
-    def needs_torchvision(self):
-        pytest.importorskip("torchvision")
-
-
-class TestDigits(BaseDataModuleSuite):
+class DigitsSuite(BaseDataModuleSuite):  # not collected here: the project's tests run it
     data_module_class = DigitsDataModule
     init_args = {"batch_size": 128}
+
+
+class ClassifierSuite(ModuleSuite):  # not collected here: the project's tests run it
+    def make_module(self):
+        return ClassificationModule(MLP(10, (1, 8, 8), hidden_sizes=(16,), dropout=0.1), num_classes=10)
+
+    def make_data_module(self, tmp_path_factory):
+        return DigitsDataModule(batch_size=64)
 
 
 class TestTable(BaseDataModuleSuite):
@@ -66,15 +49,6 @@ class TestImageFolder(BaseDataModuleSuite):
             folder.mkdir(exist_ok=True)
             image.fromarray(values.numpy(), mode="L").save(folder / f"{index}.png")
         return ImageFolderDataModule(str(root), grayscale=True, batch_size=4, **overrides)
-
-
-@pytest.mark.slow  # three short fits: about 5 s
-class TestClassificationModule(ModuleSuite):
-    def make_module(self):
-        return ClassificationModule(MLP(10, (1, 8, 8), hidden_sizes=(16,), dropout=0.1), num_classes=10)
-
-    def make_data_module(self, tmp_path_factory):
-        return DigitsDataModule(batch_size=64)
 
 
 class RandomVectors(LightningDataModule):
@@ -134,7 +108,7 @@ def test_the_data_suite_fails_an_eval_loader_that_pads_a_rank_with_a_duplicate(t
 
     import trainfleet.data.base
 
-    suite = TestDigits()
+    suite = DigitsSuite()
     data = suite.ready(tmp_path_factory)
     assert len(data.splits["test"]) == 359  # odd: 2 ranks get 180 each, one sample twice
     padding = lambda *args: DistributedSampler(*args, shuffle=False)  # noqa: E731
@@ -147,7 +121,7 @@ def test_the_data_suite_fails_an_eval_loader_that_pads_a_rank_with_a_duplicate(t
 def test_the_module_suite_fails_a_resume_that_loses_the_rng_states(tmp_path, tmp_path_factory):
     """Without ResumeState, dropout draws other numbers after the resume: the suite sees other weights."""
 
-    class WithoutResumeState(TestClassificationModule):
+    class WithoutResumeState(ClassifierSuite):
         def trainer(self, root, **overrides):
             return super().trainer(root, callbacks=[], **overrides)
 
