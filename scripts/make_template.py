@@ -120,8 +120,9 @@ repository holding one commit of everything cookiecutter wrote.
 Without a git identity configured, the template's author makes the commit. A failure leaves the project as written
 and says so (a failing hook would make cookiecutter delete it). Not when cruft renders it: `cruft update` diffs two
 renders of the template, where a repository of their own would be part of the diff; after `cruft create` the owner
-commits, .cruft.json included (docs/development.md)."""
+commits, .cruft.json included (library/docs/development.md)."""
 
+import os
 import shutil
 import subprocess
 import sys
@@ -140,7 +141,8 @@ def lock() -> str:
     repository: with neither reachable, the first `uv sync` locks it)."""
     if shutil.which("uv") is None:
         return "uv is not installed"
-    done = subprocess.run(["uv", "lock", "--quiet"], capture_output=True, text=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("UV_LOCKED", "UV_FROZEN")}  # a lock is what is asked for
+    done = subprocess.run(["uv", "lock", "--quiet"], capture_output=True, text=True, env=env)
     return "" if done.returncode == 0 else f"uv lock failed: {done.stderr.strip()[-500:]}"
 
 

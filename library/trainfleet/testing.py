@@ -36,6 +36,9 @@ from torch.utils.data import Dataset
 from trainfleet.checkpoints.resume_state import ResumeState
 from trainfleet.data.base import SPLITS, BaseDataModule
 from trainfleet.data.transforms import Transformed
+from trainfleet.runtime.known_noise import silence_known_noise
+
+silence_known_noise()  # the third-party warnings every command of a project silences: a suite's runs see the same
 
 
 def differing_weights(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> list[str]:
