@@ -56,8 +56,8 @@ def render(text: str, path: str = "", name: str = NAME, own_description: str = "
 
 def test_only_package_references_change_and_jinja_looking_text_survives():
     source = (
-        "from trainfleet.data import X; import project; from project import doctor\n"
-        "class_path: project.networks.MLP  # see trainfleet/cli.py\n"
+        "from project.data import X; import project; from project import doctor\n"
+        "class_path: project.networks.MLP  # see project/cli.py\n"
         'cmd = [sys.executable, "-m", "project"]; `python -m project fit`; `project fit ...`\n'
         'This project. The project\'s [project.scripts], config["project"], project_env(); my-project/x\n'
         'f"{{x}}" {% raw %} ${#array[@]} {# {% endraw %} {%- endraw %}\n'
