@@ -1,5 +1,5 @@
-"""``python -m project COMMAND``: this project's command line, which is the trainfleet library's (fit, validate, test,
-predict, doctor, sweep, consolidate) with this project's LightningModule as the ``model``."""
+"""``python -m project COMMAND``: this project's command line, the trainfleet library's (fit, validate,
+test, predict, doctor, sweep, consolidate) with this project's LightningModule as the ``model``."""
 
 from trainfleet.main import run as run_library
 

@@ -145,7 +145,8 @@ class ClassificationModule(LightningModule):
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         """The loss curve, ``train_loss_step``: each ``log_every_n_steps`` window's mean loss, logged once a window
-        (a self.log call per step would cost Lightning more than a small CPU step's work: library/docs/performance.md)."""
+        (a self.log call per step would cost Lightning more than a small CPU step's work: the library's
+        performance page)."""
         self.window_losses.append(outputs["loss"].detach() if isinstance(outputs, dict) else outputs.detach())
         if self.trainer.global_step % self.trainer.log_every_n_steps == 0:  # at the logging steps: a resumed run's too
             mean, self.window_losses = torch.stack(self.window_losses).mean(), []

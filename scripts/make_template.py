@@ -267,6 +267,7 @@ def template_text(text: str, name: str, path: str = "", description: str = "", l
 
     PATH picks the per-file edits; DESCRIPTION is this project's, replaced where the README repeats it.
     """
+    text = TEMPLATE_ONLY_LINES.sub("", text)
     edits = [(pattern.format(name=re.escape(name)), PACKAGE_VAR) for pattern in REFERENCE_PATTERNS]
     # A rendered project's slug is its package name with dashes (leaf-lab-slurm for leaf_lab): templated again too.
     slug = re.escape(name.replace("_", "-"))
@@ -336,7 +337,7 @@ def make_template(repo: Path, out_dir: Path, ref: str = "HEAD", worktree: bool =
         target = out_dir / template_path(path, name)
         target.parent.mkdir(parents=True, exist_ok=True)
         try:
-            text = TEMPLATE_ONLY_LINES.sub("", unlink_template_only(content.decode("utf-8"), path))
+            text = unlink_template_only(content.decode("utf-8"), path)
             target.write_text(template_text(text, name, path, words, library_version), encoding="utf-8")
         except UnicodeDecodeError:  # binary: cookiecutter copies it without rendering
             target.write_bytes(content)

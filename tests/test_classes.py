@@ -1,5 +1,5 @@
-"""The reusable checks of the trainfleet library (``trainfleet.testing``) applied to this project's networks, module and
-data: a new class of yours gets its own line here (a subclass of the suite, its arguments)."""
+"""The trainfleet library's reusable checks (``trainfleet.testing``) applied to this project's networks,
+module and data: a new class of yours gets its own lines here (a subclass of the suite, its arguments)."""
 
 import pytest
 from trainfleet.testing import BaseDataModuleSuite, ModuleSuite, NetworkSuite

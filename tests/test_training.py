@@ -1,6 +1,6 @@
-"""A short real fit of this project, as its README runs it: two processes (DDP over gloo on CPU), then the test set
-from the run's last checkpoint. What the library's own tests cannot know: that this project's network, module and
-data learn together."""
+"""A short real fit of this project, as its README runs it: two processes (DDP over gloo on CPU), then the
+test set from the run's last checkpoint. What the library's own tests cannot know: that this project's
+network, module and data learn together."""
 
 import csv
 import os

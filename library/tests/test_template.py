@@ -30,6 +30,7 @@ spec.loader.exec_module(make_template)
 
 PYPROJECT = make_template.read_pyproject(REPO)
 NAME = make_template.package_name(PYPROJECT)
+LIBRARY_VERSION = tomllib.loads((LIBRARY / "pyproject.toml").read_text())["project"]["version"]
 IS_GIT_CHECKOUT = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True).returncode == 0
 CONTEXT = {
     "project_name": "My Vision Lab",
@@ -47,7 +48,7 @@ end_to_end = pytest.mark.skipif(
 
 def render(text: str, path: str = "", name: str = NAME, own_description: str = "", **context: str) -> str:
     """TEXT templated as package NAME (whose description is OWN_DESCRIPTION), rendered with CONTEXT's words."""
-    template = make_template.template_text(text, name, path, own_description)
+    template = make_template.template_text(text, name, path, own_description, LIBRARY_VERSION)
     environment = StrictEnvironment(keep_trailing_newline=True)  # as cookiecutter renders files
     return environment.from_string(template).render(
         cookiecutter={"project_slug": "my-vision-lab", **CONTEXT, **context}
@@ -86,8 +87,7 @@ def test_pyproject_takes_the_new_names_and_quotes_them_safely():
     assert rendered["project"]["authors"] == [{"name": CONTEXT["author"]}]
     assert rendered["project"]["scripts"] == {"my_vision_lab": "my_vision_lab.__main__:run"}
     assert rendered["tool"]["setuptools"]["packages"]["find"]["include"] == ["my_vision_lab*"]
-    version = tomllib.loads((LIBRARY / "pyproject.toml").read_text())["project"]["version"]
-    url = f"git+{CONTEXT['library_repository']}@trainfleet-v{version}#subdirectory=library"
+    url = f"git+{CONTEXT['library_repository']}@trainfleet-v{LIBRARY_VERSION}#subdirectory=library"
     assert rendered["project"]["dependencies"] == [f"trainfleet @ {url}"]
     assert rendered["tool"]["pytest"]["ini_options"]["testpaths"] == ["tests"]
     assert "workspace" not in rendered["tool"]["uv"] and "sources" not in rendered["tool"]["uv"]
@@ -126,6 +126,7 @@ def render_without_git_identity(template: Path, output: Path, home: Path, contex
         for name, value in {"HOME": str(home), "XDG_CONFIG_HOME": str(home), "GIT_CONFIG_NOSYSTEM": "1"}.items():
             patch.setenv(name, value)
         patch.setenv("UV_CACHE_DIR", cache)
+        patch.setenv("PATH", os.pathsep.join([str(Path(UV).parent), os.environ.get("PATH", "")]))  # the hook's uv
         patch.delenv("GIT_CONFIG_GLOBAL", raising=False)
         context = {**CONTEXT, **context}
         return Path(
@@ -144,9 +145,6 @@ def template_repository(template, tmp_path_factory):
     clone = tmp_path_factory.mktemp("template-repository") / "lightning-template"
     subprocess.run(["git", "clone", "-q", str(template), str(clone)], check=True)
     return clone
-
-
-LIBRARY_VERSION = tomllib.loads((LIBRARY / "pyproject.toml").read_text())["project"]["version"]
 
 
 @pytest.fixture(scope="module")
@@ -217,7 +215,8 @@ def rendered(template_repository, library_repository, shared_folder):
     return project_dir, str(path)
 
 
-UV = shutil.which("uv") or "uv"  # the dev extra's, in this environment
+BIN = Path(sys.executable).parent  # this environment's: the dev extra's uv is there
+UV = shutil.which("uv", path=os.pathsep.join([str(BIN), os.environ.get("PATH", "")])) or "uv"
 
 
 def user_python() -> str:
