@@ -7,6 +7,7 @@ seconds on a busy node, and SLURM may send the signal that early (runtime/requeu
 
 import importlib
 import sys
+import time
 
 from project.runtime.early_interrupt import EarlyInterrupt
 from project.runtime.requeue_signal import EarlyRequeueSignal
@@ -19,10 +20,12 @@ COMMANDS = {
     ),
     "sweep": ("project.commands.sweep", "an Optuna hyperparameter sweep of real fits (the sweep extra)"),
     "consolidate": ("project.commands.consolidate", "a sharded (FSDP2) checkpoint as one file"),
+    "report": ("project.commands.report", "what a run lost (its goodput record): a table and a timeline PNG"),
 }
 
 
 def main(args: list[str] | None = None) -> None:
+    started = time.time()  # before the imports below: a run's wall time includes its start-up (runs/goodput.py)
     EarlyRequeueSignal.catch()
     argv = sys.argv[1:] if args is None else args
     command = argv[0] if argv[:1] and argv[0] in COMMANDS else None
@@ -32,7 +35,7 @@ def main(args: list[str] | None = None) -> None:
     from project.cli import build_cli
     from project.commands.doctor import apply_debug_switch
     from project.lightning_internals import LightningMismatch
-    from project.runs import lock, restarts
+    from project.runs import goodput, lock, restarts
     from project.runs.folders import program_name
     from project.runs.lock import RunFolderHeld
     from project.runtime import warm_restart
@@ -46,6 +49,9 @@ def main(args: list[str] | None = None) -> None:
     try:
         if warm_restart.requested(argv):
             warm_restart.supervise()  # returns in each attempt's rank; the supervisor ends its process
+            if restarts.warm_generation() > 0:  # a restart's rank, forked just now (the first one, at the start)
+                started = time.time()
+        goodput.attempt_started(started)
         if command is not None:
             sys.exit(importlib.import_module(COMMANDS[command][0]).main(argv[1:]))
         epilog = "; ".join(f"{name}: {help}" for name, (_, help) in COMMANDS.items())
