@@ -139,6 +139,13 @@ def test_the_report_shows_the_records_figures_and_draws_a_bar_per_attempt(tmp_pa
     assert_png(tmp_path / "timeline.png")
 
 
+def test_the_timeline_splits_a_restarts_gap_between_the_failed_attempt_and_the_next_without_overlap():
+    failed, restarted = (report.segments(*pair) for pair in ((RESTARTED[0], RESTARTED[1]), (RESTARTED[1], None)))
+    assert failed[:3] == [("start-up", 100.0, 101.0), ("training", 101.0, 109.9), ("restart gap", 109.9, 110.0)]
+    assert restarted[:2] == [("restart gap", 110.5, 113.5), ("training", 113.5, 130.0)]
+    assert ("checkpoint stall", 120.0, 120.25) in restarted
+
+
 def test_the_report_of_a_folder_without_a_record_is_one_line_and_exit_2(tmp_path, capsys):
     for folder, said in ((tmp_path / "missing", "no run folder"), (tmp_path, "has no goodput record")):
         assert report.main([str(folder)]) == REFUSED_EXIT_CODE

@@ -10,6 +10,7 @@ from typing import Any
 from project.exit_codes import REFUSED_EXIT_CODE
 from project.runs.goodput import GOODPUT_FILE, Summary, read_records, restart_of, summarize
 
+# "training": from the first step on, its data waits and validation included (the table has the steps' own time).
 COLOURS = {"start-up": "#b0b0b0", "training": "#4c9a2a", "checkpoint stall": "#e8a33d", "restart gap": "#c0392b"}
 
 
@@ -100,8 +101,8 @@ def _seconds(value: float | None) -> str:
 
 
 def plot_timeline(records: list[dict[str, Any]], out: Path, title: str) -> None:
-    """One bar per attempt on one axis of seconds from the run's first start: start-up (or the restart's gap, from
-    the failure), then training, with the checkpoint stalls over it."""
+    """One bar per attempt on one axis of seconds from the run's first start: start-up (or the restart's gap), then
+    training, with the checkpoint stalls over it, and the gap from a failure to the attempt's end."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display needed
@@ -110,8 +111,8 @@ def plot_timeline(records: list[dict[str, Any]], out: Path, title: str) -> None:
 
     origin = min(record["started"] for record in records)
     figure, axis = plt.subplots(figsize=(10, 1.2 + 0.6 * len(records)), constrained_layout=True)
-    for row, record in enumerate(records):
-        for kind, start, end in segments(record):
+    for row, (record, following) in enumerate(zip(records, [*records[1:], None], strict=True)):
+        for kind, start, end in segments(record, following):
             axis.broken_barh([(start - origin, end - start)], (row - 0.35, 0.7), color=COLOURS[kind])
     axis.set_yticks(range(len(records)), [f"attempt {number}" for number in range(len(records))])
     axis.invert_yaxis()  # the first attempt on top
@@ -124,14 +125,16 @@ def plot_timeline(records: list[dict[str, Any]], out: Path, title: str) -> None:
     plt.close(figure)
 
 
-def segments(record: dict[str, Any]) -> list[tuple[str, float, float]]:
-    """RECORD's (kind, start, end) spans, in ``time.time()`` seconds."""
+def segments(record: dict[str, Any], following: dict[str, Any] | None) -> list[tuple[str, float, float]]:
+    """RECORD's (kind, start, end) spans, in ``time.time()`` seconds: a restart's gap is drawn from the failure (which
+    the FOLLOWING attempt's record dates) to the end of RECORD's attempt, and on from the start of the next to its
+    first step."""
     first_step = record.get("first_step") or record["ended"]
-    gap_from = record["started"]
-    if record.get("restart"):
-        failed_at = record["restart"].get("failed_at")
-        gap_from = min(failed_at, gap_from) if failed_at is not None else gap_from
-    spans = [("restart gap" if record.get("restart") else "start-up", gap_from, first_step)]
-    spans.append(("training", first_step, record["ended"]))
+    spans = [("restart gap" if record.get("restart") else "start-up", record["started"], first_step)]
+    failed_at = ((following or {}).get("restart") or {}).get("failed_at")
+    stop = record["ended"] if failed_at is None else min(max(failed_at, first_step), record["ended"])
+    spans.append(("training", first_step, stop))
+    if stop < record["ended"]:
+        spans.append(("restart gap", stop, record["ended"]))
     spans += [("checkpoint stall", at, at + seconds) for at, seconds in record.get("checkpoint_stalls", [])]
     return spans

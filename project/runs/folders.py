@@ -26,6 +26,7 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from project.checkpoints.files import checkpoint_meta, recover_interrupted_save
 from project.messages import report
+from project.runs.goodput import GOODPUT_FILE
 from project.runs.lock import LOCK_FILE, hold, owns_runs
 from project.runs.restarts import record_restart, srun_restart_count, warm_generation
 
@@ -35,7 +36,7 @@ JOB_FILE = "slurm_job.txt"  # the SLURM job that last trained in a run folder: a
 # The constructor argument that names an existing run, per logger: MLflow's run_id, the others' version.
 RUN_ID_ARGS = ("run_id", "version")
 # What a run writes as it starts; a failed run's folder holding nothing else has nothing to keep (RunRecord).
-START_FILES = ("config*.yaml", "hparams.yaml", TRACKERS_FILE, JOB_FILE, LOCK_FILE, "failure-rank*.txt")
+START_FILES = ("config*.yaml", "hparams.yaml", TRACKERS_FILE, JOB_FILE, LOCK_FILE, "failure-rank*.txt", GOODPUT_FILE)
 ANOTHER_EXPERIMENT = "is that run another experiment's? Give each its own trainer.default_root_dir"
 # Names Trainer.fit/test/... resolve themselves instead of reading a file ("last", "best", "auto" are resolved here).
 LIGHTNING_CKPT_ALIASES = ("hpc", "registry")

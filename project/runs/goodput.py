@@ -24,7 +24,7 @@ from typing import Any
 
 from lightning.pytorch import Callback, LightningModule, Trainer
 
-from project.messages import report
+from project.messages import first_line, report
 from project.runs import restarts
 from project.runs.summary import run_folder
 
@@ -89,7 +89,10 @@ class Goodput(Callback):
             "restart": restart_record(self.restart),
         }
         self.start_step = None  # once an attempt: an exception after the end of training writes nothing more
-        append_record(run_folder(trainer), record)
+        try:
+            append_record(run_folder(trainer), record)
+        except OSError as error:  # a full disk, a folder gone: the run's own outcome matters more than its record
+            report(f"the goodput record could not be written in {run_folder(trainer)}: {first_line(error)}")
 
 
 def checkpoint_stalls(trainer: Trainer) -> list[tuple[float, float]]:
@@ -202,14 +205,14 @@ def steps_redone(before: dict[str, Any], after: dict[str, Any]) -> int:
 def one_line(summary: Summary) -> str:
     """``goodput 87% (training 41.2 s of 47.3 s wall; 1 restart: rank 1 was killed by SIGKILL, detected 0.2 s,
     recovered 3.1 s; checkpoint stalls 0.4 s; 12 steps redone)``."""
-    parts = [f"training {summary.training_s:.1f} s of {summary.wall_s:.1f} s wall"]
+    parts = [f"training {_duration(summary.training_s)} of {_duration(summary.wall_s)} wall"]
     if summary.restarts:
         count = len(summary.restarts)
         said = "; ".join(_restart_words(restart) for restart in summary.restarts[:2])
         more = f"; and {count - 2} more" if count > 2 else ""
         parts.append(f"{count} restart{'s' if count != 1 else ''}: {said}{more}")
     if summary.stall_count:
-        parts.append(f"checkpoint stalls {summary.stall_s:.1f} s")
+        parts.append(f"checkpoint stalls {_duration(summary.stall_s)}")
     if summary.steps_redone:
         parts.append(f"{summary.steps_redone} step{'s' if summary.steps_redone != 1 else ''} redone")
     return f"goodput {summary.goodput:.0%} ({'; '.join(parts)})"
@@ -219,11 +222,16 @@ def _restart_words(restart: Restart) -> str:
     cause = restart.cause.partition(" (")[0]  # a hung rank's cause quotes its peer's error: the report has it
     cause = cause if len(cause) <= CAUSE_CHARS else cause[: CAUSE_CHARS - 3] + "..."
     times = [
-        f"{what} {seconds:.1f} s"
+        f"{what} {_duration(seconds)}"
         for what, seconds in (("detected", restart.detection_s), ("recovered", restart.recovery_s))
         if seconds is not None
     ]
     return ", ".join([cause, *times])
+
+
+def _duration(seconds: float) -> str:
+    """``41.2 s``, or ``3.4 ms`` below a tenth of a second (a killed rank's detection, a toy run's stalls)."""
+    return f"{seconds:.1f} s" if seconds >= 0.1 else f"{seconds * 1000:.1f} ms"
 
 
 def say_goodput(trainer: Trainer) -> None:
