@@ -40,6 +40,13 @@ def attempt_started(at: float) -> None:
     _attempt_started = at
 
 
+def _take_attempt_start() -> float:
+    """This attempt's start, taken once: a later Trainer of the same process (a test's, a benchmark's) starts now."""
+    global _attempt_started
+    started, _attempt_started = _attempt_started or time.time(), None
+    return started
+
+
 class Goodput(Callback):
     """Times rank 0's attempt and appends its line to the run's ``goodput.jsonl`` when it ends (finished, failed or
     stopped). First of the callbacks (cli.py), so that a step's time stops before the other callbacks' end-of-step
@@ -48,7 +55,7 @@ class Goodput(Callback):
     def __init__(self, restart: tuple[str, str] | None = None) -> None:
         """RESTART: the restart this attempt is, (what, cause) as ``restarts.txt`` counted it (runs/folders.py)."""
         self.restart = restart
-        self.started = _attempt_started or time.time()
+        self.started = _take_attempt_start()
         self.training_s = 0.0
         self.first_step_at: float | None = None
         self.start_step: int | None = None  # None until training starts: an attempt that never trained writes nothing
