@@ -198,8 +198,8 @@ class Supervisor:
             said = self.store.get(f"failed/{generation}").decode() if self._has_failed(generation) else ""
             if said.startswith(f"rank {self.rank} stopped"):
                 return said
+            _stamp_failure(self.store, generation, None)  # before the cause, which wakes the other supervisors
             self.store.set(f"failed/{generation}", mine)
-            _stamp_failure(self.store, generation, None)
         return mine
 
     def _pass_on_timing(self, generation: int) -> None:
