@@ -33,7 +33,7 @@ from trainfleet.checks import SettingsError, check_settings, cpu_processes_note,
 from trainfleet.data import BaseDataModule
 from trainfleet.errors import ProjectArgumentParser, constructor_error
 from trainfleet.messages import first_line, report
-from trainfleet.runs import folders, lock, summary
+from trainfleet.runs import folders, goodput, lock, summary
 from trainfleet.runs.failures import FailureFile
 from trainfleet.runs.outputs import PredictionsWriter, ProgressBar, TestMetricsWriter
 from trainfleet.runtime import network
@@ -160,7 +160,7 @@ class ProjectCLI(LightningCLI):
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         """Adds what every run needs, whatever the config's callbacks: forked local CPU ranks, crash-safe
         checkpoints, the progress bar (unless the config gives its own), the safeguards (``run_callbacks``) and,
-        for fit with a logger, a learning-rate monitor; test and predict write their files."""
+        for fit, the goodput record and, with a logger, a learning-rate monitor; test and predict write their files."""
         trainer = super().instantiate_trainer(**kwargs)
         add_safeguards(trainer, self.configured("safeguards"))
         if hasattr(trainer.strategy, "run_facts"):  # every node must run this config (runtime/rendezvous.py)
@@ -180,6 +180,8 @@ class ProjectCLI(LightningCLI):
             trainer.callbacks.append(LearningRateMonitor())
         if "fit" in stages:
             trainer.callbacks.append(FailureFile())
+            # First: a step's time ends before the other callbacks' end-of-step work (runs/goodput.py).
+            trainer.callbacks.insert(0, goodput.Goodput(self.run_plan.restart))
         if "test" in stages:
             trainer.callbacks.append(TestMetricsWriter())
         if "predict" in stages:
@@ -195,6 +197,7 @@ class ProjectCLI(LightningCLI):
 
     def after_fit(self) -> None:
         summary.say_fit_ended(self.trainer)
+        goodput.say_goodput(self.trainer)
 
     def after_validate(self) -> None:
         summary.say_validate_ended(self.trainer, self.config[self.subcommand].ckpt_path)

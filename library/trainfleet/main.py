@@ -7,6 +7,7 @@ seconds on a busy node, and SLURM may send the signal that early (runtime/requeu
 
 import importlib
 import sys
+import time
 
 from trainfleet import program
 from trainfleet.runtime.early_interrupt import EarlyInterrupt
@@ -20,10 +21,12 @@ COMMANDS = {
     ),
     "sweep": ("trainfleet.commands.sweep", "an Optuna hyperparameter sweep of real fits (the sweep extra)"),
     "consolidate": ("trainfleet.commands.consolidate", "a sharded (FSDP2) checkpoint as one file"),
+    "report": ("trainfleet.commands.report", "what a run lost (its goodput record): a table and a timeline PNG"),
 }
 
 
 def main(args: list[str] | None = None) -> None:
+    started = time.time()  # before the imports below: a run's wall time includes its start-up (runs/goodput.py)
     EarlyRequeueSignal.catch()
     argv = sys.argv[1:] if args is None else args
     command = argv[0] if argv[:1] and argv[0] in COMMANDS else None
@@ -33,7 +36,7 @@ def main(args: list[str] | None = None) -> None:
     from trainfleet.cli import build_cli
     from trainfleet.commands.doctor import apply_debug_switch
     from trainfleet.lightning_internals import LightningMismatch
-    from trainfleet.runs import lock, restarts
+    from trainfleet.runs import goodput, lock, restarts
     from trainfleet.runs.folders import program_name
     from trainfleet.runs.lock import RunFolderHeld
     from trainfleet.runtime import warm_restart
@@ -47,6 +50,9 @@ def main(args: list[str] | None = None) -> None:
     try:
         if warm_restart.requested(argv):
             warm_restart.supervise()  # returns in each attempt's rank; the supervisor ends its process
+            if restarts.warm_generation() > 0:  # a restart's rank, forked just now (the first one, at the start)
+                started = time.time()
+        goodput.attempt_started(started)
         if command is not None:
             sys.exit(importlib.import_module(COMMANDS[command][0]).main(argv[1:]))
         epilog = "; ".join(f"{name}: {help}" for name, (_, help) in COMMANDS.items())

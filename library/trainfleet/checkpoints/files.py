@@ -17,6 +17,7 @@ import pickle
 import random
 import shutil
 import tempfile
+import time
 from collections import defaultdict
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -218,9 +219,24 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     mid-save leaves the previous checkpoint intact; a save interrupted by an exception (a second Ctrl-C) removes its
     partial file. (Lightning stages the file in the system temp folder: when the run folder is on another file
     system, a cluster's shared one, its final move is a plain copy.)
+
+    ``stalls`` holds each save's start (``time.time()``) and the seconds its caller was blocked: what training lost to
+    checkpoints, for the run's goodput record (runs/goodput.py).
     """
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.stalls: list[tuple[float, float]] = []
+
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
+        started, clock = time.time(), time.perf_counter()
+        try:
+            self._save(checkpoint, path, storage_options)
+        finally:
+            self.stalls.append((started, time.perf_counter() - clock))
+
+    def _save(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
+        """The write itself, atomic; the background writer runs it in its thread."""
         if storage_options is not None or "://" in str(path):  # remote storage: Lightning's fsspec path
             return super().save_checkpoint(checkpoint, path, storage_options)
         path = Path(path)
@@ -261,12 +277,13 @@ class AsyncAtomicCheckpointIO(AtomicCheckpointIO):
         self._pending: Future | None = None
         self._staging: list[torch.Tensor] = []  # the last save's copies, reused (no new pages) when the shapes match
 
-    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
+    def _save(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
+        """The wait for the previous write and the copy: the caller's stall (``stalls``); the write goes on behind."""
         self.finish_pending_save()  # the staging copies are free again
         snapshot = self._copy(checkpoint)
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-writer")
-        self._pending = self._executor.submit(super().save_checkpoint, snapshot, path, storage_options)
+        self._pending = self._executor.submit(super()._save, snapshot, path, storage_options)
 
     def _copy(self, checkpoint: dict[str, Any]) -> dict[str, Any]:
         """CHECKPOINT with every tensor copied, into the previous save's copies when the tensors are alike (a fresh

@@ -27,6 +27,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from trainfleet import program
 from trainfleet.checkpoints.files import checkpoint_meta, recover_interrupted_save
 from trainfleet.messages import report
+from trainfleet.runs.goodput import GOODPUT_FILE
 from trainfleet.runs.lock import LOCK_FILE, hold, owns_runs
 from trainfleet.runs.restarts import record_restart, srun_restart_count, warm_generation
 
@@ -36,7 +37,7 @@ JOB_FILE = "slurm_job.txt"  # the SLURM job that last trained in a run folder: a
 # The constructor argument that names an existing run, per logger: MLflow's run_id, the others' version.
 RUN_ID_ARGS = ("run_id", "version")
 # What a run writes as it starts; a failed run's folder holding nothing else has nothing to keep (RunRecord).
-START_FILES = ("config*.yaml", "hparams.yaml", TRACKERS_FILE, JOB_FILE, LOCK_FILE, "failure-rank*.txt")
+START_FILES = ("config*.yaml", "hparams.yaml", TRACKERS_FILE, JOB_FILE, LOCK_FILE, "failure-rank*.txt", GOODPUT_FILE)
 ANOTHER_EXPERIMENT = "is that run another experiment's? Give each its own trainer.default_root_dir"
 # Names Trainer.fit/test/... resolve themselves instead of reading a file ("last", "best", "auto" are resolved here).
 LIGHTNING_CKPT_ALIASES = ("hpc", "registry")
@@ -49,10 +50,12 @@ class RunFolderError(ValueError):
 @dataclass
 class RunPlan:
     """Where a subcommand's run goes: the file name for this attempt's config (``config.yaml`` on a run's first
-    attempt), and the run folder it continues (None: a new one, which the logger claims: ``claim_run_folder``)."""
+    attempt), the run folder it continues (None: a new one, which the logger claims: ``claim_run_folder``), and the
+    restart it is, if one."""
 
     config_filename: str = "config.yaml"
     folder: Path | None = None
+    restart: tuple[str, str] | None = None  # the restart this attempt is, (what, cause) as restarts.txt counts it
 
 
 def prepare_run(config: Namespace, subcommand: str) -> RunPlan:
@@ -121,7 +124,7 @@ def resume_if_possible(config: Namespace) -> RunPlan:
         config.ckpt_path = "last"
         plan = use_newest_run(config, resume=True)
         if restarted and plan.folder is not None:
-            record_restart(plan.folder, f"torchrun restart {restart_count()}")
+            plan.restart = record_restart(plan.folder, f"torchrun restart {restart_count()}")
         return plan
     config.ckpt_path = None
     rank_zero_only(report)("--ckpt_path auto: no checkpoint to resume, starting a new run")
@@ -141,12 +144,14 @@ def start_new_run(config: Namespace) -> RunPlan:
         attempt = f"requeued {requeues} time(s)" + (f", restart {restarts} in this allocation" if restarts else "")
         rank_zero_only(report)(f"SLURM job {job}, {attempt}: {what}")
         if restarts:
-            record_restart(folder, f"SLURM job {job}, restart {restarts} in its allocation")
+            restart = record_restart(folder, f"SLURM job {job}, restart {restarts} in its allocation")
         else:  # the first step of a requeued job
-            record_restart(
+            restart = record_restart(
                 folder, f"SLURM job {job}, requeue {requeues}", "requeued (time limit, preemption or lost node)"
             )
-        return continue_run(config, folder)
+        plan = continue_run(config, folder)
+        plan.restart = restart
+        return plan
     fixed = fixed_checkpoint_folder(config)
     if fixed is not None and any(fixed.glob("*.ckpt")):
         raise RunFolderError(

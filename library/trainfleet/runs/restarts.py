@@ -21,6 +21,10 @@ from trainfleet.messages import first_line, report
 EXIT_FILE_VAR = "PROJECT_EXIT_FILE"
 RESTART_COUNT_VAR = "PROJECT_RESTART_COUNT"  # restarts within a SLURM allocation (scripts/slurm.sbatch)
 RESTART_CAUSE_VAR = "PROJECT_RESTART_CAUSE"
+# When a warm restart's failure began and when rank 0's supervisor knew it (time.time()): the goodput record's
+# detection and recovery seconds (runs/goodput.py).
+FAILED_AT_VAR = "PROJECT_FAILED_AT"
+KNOWN_AT_VAR = "PROJECT_FAILURE_KNOWN_AT"
 WARM_GENERATION_VAR = "PROJECT_WARM_GENERATION"  # warm restarts of the launched processes (runtime/warm_restart.py)
 RESTARTS_FILE = "restarts.txt"  # in the run folder: one line per restart, with its cause
 
@@ -60,14 +64,15 @@ def warm_generation() -> int:
 
 
 @rank_zero_only
-def record_restart(folder: Path, what: str, cause: str | None = None) -> None:
+def record_restart(folder: Path, what: str, cause: str | None = None) -> tuple[str, str]:
     """Counts a restart in run FOLDER (``restarts.txt``, one line each) and says it, with its CAUSE (by default what
-    the launcher or the failed rank said)."""
+    the launcher or the failed rank said). Returns (WHAT, the cause), for the goodput record (None on other ranks)."""
     cause = cause or os.environ.get(RESTART_CAUSE_VAR) or last_outcome() or "a rank ended without a word (killed?)"
     with open(folder / RESTARTS_FILE, "a") as file:
         file.write(f"{what}: {cause}\n")
     count = len((folder / RESTARTS_FILE).read_text().splitlines())
     report(f"{what} (cause: {cause}); restart {count} of this run, counted in {folder / RESTARTS_FILE}")
+    return what, cause
 
 
 def last_outcome() -> str | None:

@@ -79,6 +79,7 @@ class FailFast(Callback):
 
     def report_failure(self, trainer: Trainer, exception: BaseException) -> str:
         """Reports the failure and stops the launched ranks; returns the cause in one line (the hung rank, if any)."""
+        noticed = time.time()  # when this rank knew: the failure's start, short of a hang's (goodput's detection)
         where = f"rank {trainer.global_rank}/{trainer.world_size} failed at step {trainer.global_step}"
         cause = f"{where}: {type(exception).__name__}: {first_line(exception)}"
         if is_disk_full(exception):
@@ -89,7 +90,8 @@ class FailFast(Callback):
         suspects = self.heartbeat.suspects(trainer.world_size) if trainer.world_size > 1 else []
         outcome = f"{suspects[0]} ({cause})" if suspects else cause
         if exit_code_for(exception) not in FINAL_EXIT_CODES:  # before the hung are killed: that is not the cause
-            warm_restart.say_failed(outcome)
+            began = self.heartbeat.stopped_since(trainer.world_size) if suspects else noticed
+            warm_restart.say_failed(outcome, began)
         if suspects:
             suspects += self.heartbeat.kill_stopped_ranks_here(trainer.world_size)
         for line in suspects:
@@ -219,6 +221,13 @@ class Heartbeat:
             steps = ", ".join(f"{rank} at step {beats[rank].step}" for rank in running)
             lines.append(f"ranks still running: {steps}")
         return lines
+
+    def stopped_since(self, world_size: int) -> float | None:
+        """When the first rank that stopped beating beat last (``time.time()``): a hang's start, at most an interval
+        early, for the goodput record's detection seconds (runs/goodput.py)."""
+        beats, _ = self._read(world_size)
+        ages = [beats[rank].age for rank in self._stopped_ranks(beats)]
+        return time.time() - max(ages) if ages else None
 
     def kill_stopped_ranks_here(self, world_size: int) -> list[str]:
         """SIGKILLs the stopped ranks that run on this machine (their pids mean the same processes here); lines saying

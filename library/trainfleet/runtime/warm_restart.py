@@ -75,14 +75,15 @@ def supervise() -> None:
     Supervisor(_shared_store(), int(os.environ[BUDGET_VAR])).run()
 
 
-def say_failed(cause: str) -> None:
-    """A rank's cause of its attempt's failure, for the supervisors (the first said wins); nothing without them."""
+def say_failed(cause: str, failed_at: float | None = None) -> None:
+    """A rank's cause of its attempt's failure, for the supervisors (the first said wins); nothing without them.
+    FAILED_AT: when the failure began (``time.time()``; a hung rank's last heartbeat), by default now."""
     supervised = os.environ.get(BUDGET_VAR) is not None and restarts.WARM_GENERATION_VAR in os.environ
     if not supervised or rendezvous.attempt_prefix() is None:  # no store shared with the supervisors
         return
     with contextlib.suppress(RuntimeError, ValueError, KeyError):  # the store's host is gone: its supervisor says it
         store = rendezvous.client_store(timedelta(seconds=5))
-        _failed(dist.PrefixStore(_prefix(), store), restarts.warm_generation(), cause)
+        _failed(dist.PrefixStore(_prefix(), store), restarts.warm_generation(), cause, failed_at)
 
 
 class Supervisor:
@@ -93,6 +94,7 @@ class Supervisor:
         self.rank = int(os.environ.get("RANK") or os.environ.get("SLURM_PROCID") or 0)
         self.stopping = False  # a stop signal came: the attempt running ends for good
         self.waited_for_save = False  # said once per failure that the rank is given time to finish its checkpoint
+        self.known_at: dict[int, float] = {}  # per attempt: when this supervisor knew it failed (``time.time()``)
 
     def run(self) -> None:
         EarlyInterrupt.disarm()  # the supervisor waits for its rank's own stop, however long its save takes
@@ -107,6 +109,7 @@ class Supervisor:
             if code == 0 or code in FINAL_EXIT_CODES or self.stopping:
                 process_exit.exit_now(_status(code))
             cause = self._cause(generation, code, killed_here)
+            self._pass_on_timing(generation)
             if generation >= self.budget:
                 report(f"rank {self.rank}: the warm-restart budget is spent ({self.budget}); last failure: {cause}")
                 process_exit.exit_now(_status(code))
@@ -139,6 +142,7 @@ class Supervisor:
         while True:
             ended, status = os.waitpid(pid, os.WNOHANG)
             if ended:
+                self.known_at.setdefault(generation, time.time())  # unless a peer's failure was known before
                 return os.waitstatus_to_exitcode(status), killed_here
             if failed_at is None and failed.is_set():
                 failed_at = time.monotonic()
@@ -158,6 +162,7 @@ class Supervisor:
         def wait() -> None:
             with contextlib.suppress(RuntimeError):  # the store's host has ended: the launcher ends this process
                 self.store.clone().wait([f"failed/{generation}"], WAIT_FOREVER)
+                self.known_at.setdefault(generation, time.time())
                 seen.set()
 
         threading.Thread(target=wait, name=f"failure-of-attempt-{generation}", daemon=True).start()
@@ -193,8 +198,18 @@ class Supervisor:
             said = self.store.get(f"failed/{generation}").decode() if self._has_failed(generation) else ""
             if said.startswith(f"rank {self.rank} stopped"):
                 return said
+            _stamp_failure(self.store, generation, None)  # before the cause, which wakes the other supervisors
             self.store.set(f"failed/{generation}", mine)
         return mine
+
+    def _pass_on_timing(self, generation: int) -> None:
+        """Tells the next attempt when the failure of GENERATION began and when it was known here, for the run's
+        goodput record (runs/goodput.py): environment variables its rank is forked with, as the cause is."""
+        os.environ.pop(restarts.FAILED_AT_VAR, None)
+        with contextlib.suppress(RuntimeError):  # the store's host is gone: the failure's start is not known
+            if self.store.check([f"failed_at/{generation}"]):  # a get would wait for it
+                os.environ[restarts.FAILED_AT_VAR] = self.store.get(f"failed_at/{generation}").decode()
+        os.environ[restarts.KNOWN_AT_VAR] = repr(self.known_at.get(generation, time.time()))
 
     def _has_failed(self, generation: int) -> bool:  # once, after the rank has ended
         try:
@@ -206,12 +221,18 @@ class Supervisor:
         self.stopping = True
 
 
-def _failed(store: dist.Store, generation: int, cause: str) -> str:
+def _failed(store: dist.Store, generation: int, cause: str, failed_at: float | None = None) -> str:
     """Writes CAUSE as the attempt's failure unless one was written first; returns the one that stands."""
     try:
+        _stamp_failure(store, generation, failed_at)  # first: a supervisor woken by the cause then finds the time
         return store.compare_set(f"failed/{generation}", "", cause).decode()
     except RuntimeError:
         return cause
+
+
+def _stamp_failure(store: dist.Store, generation: int, failed_at: float | None) -> None:
+    """Records when the attempt's failure began, by whoever saw it first (FAILED_AT, or now)."""
+    store.compare_set(f"failed_at/{generation}", "", repr(failed_at or time.time()))
 
 
 def _status(code: int) -> int:
