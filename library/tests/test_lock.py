@@ -76,6 +76,6 @@ def test_the_readme_set_up_is_what_ci_runs():
     readme, ci = (REPO / "README.md").read_text(), (REPO / ".ci" / "run").read_text()
     assert "\nuv run python -m project fit --config configs/digits.yaml " in readme
     assert "\nuv run pytest\n" in readme
-    assert "pip install --no-deps -e . && pip install -r requirements.txt" in readme
+    assert "pip install --no-deps -e library -e . && pip install -r requirements.txt" in readme
     assert "\nuv sync " in ci and "\nuv run pytest " in ci
     assert "export UV_LOCKED=1 " in ci  # every uv command in CI installs from the lock as it is, or fails
