@@ -47,7 +47,8 @@ class FirstStep(Callback):
 def first_step(tree: Path, extra: list[str]) -> float:
     """One fit from TREE (its ``project`` package, this checkout's ``benchmarks``); seconds to its first step."""
     with tempfile.TemporaryDirectory() as root:
-        env = {**os.environ, "PYTHONPATH": f"{tree}{os.pathsep}{REPO}", "OMP_NUM_THREADS": "1"}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), str(tree / "library"), str(LIBRARY)])}
+        env["OMP_NUM_THREADS"] = "1"
         env[LAUNCH_TIME] = str(time.time())
         command = [sys.executable, "-m", "project", "fit", *FLAGS, f"--trainer.default_root_dir={root}", *extra]
         done = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True, check=True)

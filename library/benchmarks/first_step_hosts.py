@@ -35,7 +35,7 @@ def first_step(hosts: Hosts | None, port: int) -> float:
         launch = str(time.time())
         procs = []
         for node in (0, 1):
-            env = {**os.environ, "OMP_NUM_THREADS": "1", LAUNCH_TIME: launch, "PYTHONPATH": str(REPO)}
+            env = {**os.environ, "OMP_NUM_THREADS": "1", LAUNCH_TIME: launch, "PYTHONPATH": str(LIBRARY)}
             env.update(NODE_RANK=str(node), MASTER_ADDR=address, MASTER_PORT=str(port))
             for variable in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
                 env.pop(variable, None)

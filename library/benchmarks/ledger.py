@@ -1,7 +1,7 @@
 """The per-step cost ledger: what each of the template's per-step parts costs a training step, each told apart by
 switching it alone off (or on), on 1 and 2 processes.
 
-    python -m benchmarks.ledger --nprocs 1 2 --steps 400 --rounds 5 --write docs/performance.md
+    python -m benchmarks.ledger --nprocs 1 2 --steps 400 --rounds 5 --write library/docs/performance.md
 
 On the digits MLP with in-memory batches and one thread per process (benchmarks/overhead.py's
 ``cpu-in-memory-*`` rows, whose template flags it takes: no logger, progress bar, scheduler or checkpoint

@@ -15,7 +15,7 @@ memory, and the template's ratios to both. Every side must start from identical 
 2-vs-1-process scaling of a wider, compute-bound MLP. Rows: the digits MLP, the wide MLP, and ``-cnn``, the
 SmallCNN on synthetic 3x32x32 images (batch 128), a compute-realistic step.
 Bare Lightning and the template are timed by ``StepTimer``, which the template's CLI loads from this module by class
-path (``benchmarks.overhead.StepTimer``; the repository root on PYTHONPATH).
+path (``benchmarks.overhead.StepTimer``; library/ on PYTHONPATH).
 """
 
 import argparse
@@ -41,6 +41,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from benchmarks.plain_ddp import FILE_PIPELINES, LAST_STEPS, LAUNCH_TIME, rank_stats, weights_digest, write_rank_stats
 
 REPO = Path(__file__).resolve().parents[2]  # the template: its configs and its project
+LIBRARY = REPO / "library"  # where `benchmarks` is: on the children's PYTHONPATH
 SIDES = ("plain", "bare", "template")
 PIPELINES = ("dataloader", "in-memory")
 DEFAULT_NET, WIDE_NET = (128, 64), (1024, 1024)
@@ -125,6 +126,8 @@ def file_configs(args: argparse.Namespace) -> list[Config]:
 
 def digit_files() -> Path:
     """The digits as an image folder and as shards, written once into the system's temp folder."""
+    if str(REPO) not in sys.path:  # the template's data tools are scripts of the project, beside the library
+        sys.path.append(str(REPO))
     from scripts.make_shards import write_shards
     from scripts.write_digit_images import write_digit_images
 
@@ -159,7 +162,7 @@ def free_port() -> int:
 def child_env(nprocs: int, threads: int | None) -> dict[str, str]:
     """The same for both sides: OMP threads (default: cores over ranks), a fresh port, benchmarks/ importable."""
     env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS and not k.startswith("SLURM_")}
-    paths = [str(REPO), *filter(None, [env.get("PYTHONPATH")])]
+    paths = [str(LIBRARY), *filter(None, [env.get("PYTHONPATH")])]
     threads = threads or max(1, (os.cpu_count() or 1) // nprocs)
     env.update(PYTHONPATH=os.pathsep.join(paths), OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
     env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))

@@ -21,7 +21,7 @@ from typing import Any
 
 from lightning.pytorch import Callback, LightningModule, Trainer
 
-from benchmarks.first_step import REPO
+from benchmarks.first_step import LIBRARY, REPO
 from trainfleet.runs.folders import restart_count
 
 TIMELINE = "RECOVERY_TIMELINE"  # a file each rank appends "attempt rank phase time" to
@@ -78,7 +78,7 @@ def restart(fault: str, timeout_s: int, cold: bool = False) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as root:
         timeline = Path(root) / "timeline.txt"
         env = {**os.environ, TIMELINE: str(timeline), "DEVICES": "2", "MAX_RESTARTS": "1", "OMP_NUM_THREADS": "1"}
-        env["PYTHONPATH"] = str(REPO)
+        env["PYTHONPATH"] = str(LIBRARY)
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"  # the launcher calls torchrun
         flags = [
             "--config=configs/digits.yaml",

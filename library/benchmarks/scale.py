@@ -496,7 +496,7 @@ def own_network(argv: list[str]) -> int:
     once, as a node's resolver that answers would. Needs root, or unprivileged user namespaces."""
     script = 'ip link set lo up && exec "$@"'
     command = [sys.executable, "-m", "benchmarks.scale", *argv]
-    env = {**os.environ, ISOLATED_VAR: "1", "PYTHONPATH": str(REPO)}
+    env = {**os.environ, ISOLATED_VAR: "1", "PYTHONPATH": str(LIBRARY)}
     for unshare in (["unshare", "--net"], ["unshare", "--net", "--map-root-user"]):
         probe = subprocess.run([*unshare, "true"], capture_output=True)
         if probe.returncode == 0:

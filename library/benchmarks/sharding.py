@@ -31,6 +31,7 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 
 REPO = Path(__file__).resolve().parents[2]  # the template: its configs and its project
+LIBRARY = REPO / "library"
 WIDE = ["--model.network.init_args.hidden_sizes", "[4096, 4096]", "--trainer.enable_progress_bar", "false"]
 FSDP = ["--config", str(REPO / "configs" / "fsdp.yaml")]
 WRITER = "--trainer.plugins=trainfleet.checkpoints.files."
@@ -89,7 +90,7 @@ class SaveTimer(Callback):
 
 
 def fit(workdir: Path, *flags: str) -> None:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": str(LIBRARY), "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "project", "fit", "--config", str(REPO / "configs" / "digits.yaml"), *WIDE]
     command += ["--trainer.default_root_dir", str(workdir), "--trainer.devices", "2", *flags]
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)

@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import REPO, project_env
+from helpers import LIBRARY, REPO, project_env
 
 pytestmark = pytest.mark.slow  # every test here starts processes or trains for seconds
 
@@ -14,7 +14,7 @@ CONFIG = "cpu-in-memory-1p"  # one rank: three fresh interpreters, not five (tes
 
 def test_quick_benchmark_trains_the_same_model_on_every_side(tmp_path, monkeypatch, capsys):
     output = tmp_path / "benchmark.json"
-    monkeypatch.syspath_prepend(str(REPO))
+    monkeypatch.syspath_prepend(str(LIBRARY))
     monkeypatch.chdir(REPO)
     monkeypatch.setattr(sys, "argv", ["overhead.py", "--quick", "--only", CONFIG, "--output", str(output)])
     # In this process, which has imported torch and Lightning already; each side is a fresh one.
@@ -40,7 +40,7 @@ def test_data_benchmark_loads_the_same_images_through_both_data_paths():
     """benchmarks/data.py: the template's loader and the hand-written one, one row, a few batches a side."""
     command = [sys.executable, "-m", "benchmarks.data", "--only", "image-folder-1p-0w", "--batches", "3"]
     command += ["--repeats", "1"]
-    result = subprocess.run(command, cwd=REPO, env=project_env(), capture_output=True, text=True, timeout=300)
+    result = subprocess.run(command, cwd=LIBRARY, env=project_env(), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     row = next(line for line in result.stdout.splitlines() if line.startswith("image-folder-1p-0w"))
     plain, template, ratio = map(float, row.split()[1:])

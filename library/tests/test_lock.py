@@ -1,6 +1,6 @@
 """The committed lock is the set-up: uv.lock is current, requirements.txt (the pip path) is exactly its export, a lock
 that pyproject.toml has moved past is refused with the command that refreshes it, and a Python outside
-requires-python is refused at install. Each check runs on a copy of the two files, never on the checkout."""
+requires-python is refused at install. Each check runs on a copy of the workspace's files, never on the checkout."""
 
 import os
 import re
@@ -24,8 +24,9 @@ def uv(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 @pytest.fixture
 def project_copy(tmp_path: Path) -> Path:
-    for name in ("pyproject.toml", "uv.lock", "README.md"):
-        shutil.copy(REPO / name, tmp_path)
+    for name in ("pyproject.toml", "uv.lock", "README.md", "library/pyproject.toml"):  # the workspace and its member
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        shutil.copy(REPO / name, tmp_path / name)
     return tmp_path
 
 
@@ -50,7 +51,7 @@ def test_requirements_txt_is_uv_locks_export(project_copy):
 def test_the_lock_is_current_and_a_lock_behind_pyproject_is_refused_naming_the_fix(project_copy):
     current = uv("lock", "--check", cwd=project_copy)
     assert current.returncode == 0, f"uv.lock is out of date with pyproject.toml, run `uv lock`:\n{current.stderr}"
-    pyproject = project_copy / "pyproject.toml"
+    pyproject = project_copy / "library" / "pyproject.toml"  # a new dependency of the library's, locked by the workspace
     pyproject.write_text(pyproject.read_text().replace('"rich>=12",', '"rich>=12", "tqdm>=4",', 1))
     stale = uv("lock", "--check", cwd=project_copy)
     assert stale.returncode != 0

@@ -25,5 +25,5 @@ def test_lines_that_two_processes_report_at_once_to_one_pipe_stay_whole():
     )
     lines = done.stderr.splitlines()
     assert len(lines) == 2 * LINES
-    broken = [line for line in lines if not (line.startswith("[project] rank ") and line.endswith("x" * 60))]
+    broken = [line for line in lines if not (line.startswith("[trainfleet] rank ") and line.endswith("x" * 60))]
     assert broken == [], broken[:3]

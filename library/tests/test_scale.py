@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import REPO, project_env
+from helpers import LIBRARY, REPO, project_env
 
 from trainfleet.runtime import rendezvous
 
@@ -25,7 +25,7 @@ def scale(tmp_path_factory):
     argv = "--nodes 80 256 --seconds 4 --firewall 128 --torch-timeout 0 --processes-up-to 0 --agreement-up-to 0"
     done = subprocess.run(
         [sys.executable, "-m", "benchmarks.scale", *argv.split(), "--output", str(output)],
-        cwd=REPO,
+        cwd=LIBRARY,
         env=project_env(PYTHONPATH=str(REPO)),
         capture_output=True,
         text=True,
@@ -66,7 +66,7 @@ def test_one_failure_is_known_to_every_node_within_seconds(scale):
 
 @pytest.mark.slow
 def test_the_preemption_agreement_is_measured_on_gloo_among_4_ranks(monkeypatch):
-    monkeypatch.syspath_prepend(str(REPO))
+    monkeypatch.syspath_prepend(str(LIBRARY))
     from benchmarks import scale
 
     assert 0 < scale.measure_agreement(4, rounds=3) < 5  # seconds: gloo's all-reduce of a flag per rank

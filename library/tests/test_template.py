@@ -33,7 +33,7 @@ NAME = make_template.package_name(PYPROJECT)
 LIBRARY_VERSION = tomllib.loads((LIBRARY / "pyproject.toml").read_text())["project"]["version"]
 IS_GIT_CHECKOUT = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True).returncode == 0
 CONTEXT = {
-    "project_name": "My Vision Lab",
+    "project_name": "My Vision Lab: Zürich & Co.",  # an unusual name: its folder, title and commit carry it
     "package_name": "my_vision_lab",
     "author": 'Ada "Countess" Lovelace',
     "description": "Vision experiments on many GPUs",
@@ -51,7 +51,7 @@ def render(text: str, path: str = "", name: str = NAME, own_description: str = "
     template = make_template.template_text(text, name, path, own_description, LIBRARY_VERSION)
     environment = StrictEnvironment(keep_trailing_newline=True)  # as cookiecutter renders files
     return environment.from_string(template).render(
-        cookiecutter={"project_slug": "my-vision-lab", **CONTEXT, **context}
+        cookiecutter={"project_slug": "my-vision-lab-zurich-co", **CONTEXT, **context}
     )
 
 
@@ -74,7 +74,7 @@ def test_only_package_references_change_and_jinja_looking_text_survives():
         'This project. The project\'s [project.scripts], config["project"], project_env(); my-project/x\n'
         'f"{{x}}" {% raw %} ${#array[@]} {# {% endraw %} {%- endraw %}\n'
         'f"{my_vision_lab.__name__}." [my_vision_lab] resuming; r"\\[my_vision_lab\\] rank"; '
-        "--job-name=my_vision_lab-sweep /tmp/my-vision-lab-slurm\n"
+        "--job-name=my_vision_lab-sweep /tmp/my-vision-lab-zurich-co-slurm\n"
         'sys.argv = ["my_vision_lab"]; "usage: my_vision_lab [-c CONFIG]"; ["/usr/local/bin/my_vision_lab"]; '
         '"my_vision_lab fit --x"\n'
     )
@@ -98,7 +98,7 @@ def test_a_rendered_project_templates_again_without_duplicate_lines():
     other = {"project_name": "Other Lab", "package_name": "other_lab", "description": "Other", "author": "Grace"}
     readme, pyproject = (REPO / "README.md").read_text(), (REPO / "pyproject.toml").read_text()
     readme = render(readme, "README.md", own_description=make_template.description(PYPROJECT))
-    assert readme.startswith(f"# My Vision Lab\n\n{CONTEXT['description']}\n\n")
+    assert readme.startswith(f"# {CONTEXT['project_name']}\n\n{CONTEXT['description']}\n\n")
     readme = render(readme, "README.md", "my_vision_lab", CONTEXT["description"], **other)
     assert readme.startswith("# Other Lab\n\nOther\n\n") and CONTEXT["description"] not in readme
     pyproject = render(render(pyproject, "pyproject.toml"), "pyproject.toml", "my_vision_lab", **other)
@@ -196,7 +196,7 @@ def rendered(template_repository, library_repository, shared_folder):
     version by `cruft update`, left to review; installed by `uv sync`."""
     context = {**CONTEXT, "library_repository": library_repository.as_uri()}
     path = cruft.create(str(template_repository), output_dir=shared_folder, extra_context=context, no_input=True)
-    project_dir = shared_folder / "my-vision-lab"
+    project_dir = shared_folder / "my-vision-lab-zurich-co"
     uv(project_dir, "lock", "--quiet")
     git(project_dir, "init", "-q")
     git(project_dir, "add", "-A")
@@ -320,7 +320,8 @@ def test_rendered_project_uses_the_new_names_everywhere(rendered):
     project_dir, path = rendered
     assert path == str(project_dir)
     assert (project_dir / "my_vision_lab" / "module.py").is_file() and not (project_dir / NAME).exists()
-    assert (project_dir / "README.md").read_text().startswith("# My Vision Lab\n\nVision experiments on many GPUs\n")
+    title = f"# {CONTEXT['project_name']}\n\n{CONTEXT['description']}\n"
+    assert (project_dir / "README.md").read_text().startswith(title)
     assert (project_dir / ".ci" / "run").stat().st_mode & 0o111  # still executable
     modules = "|".join(p.stem for p in (REPO / NAME).glob("*.py") if p.stem != "__init__")
     # Package references that should be gone; config["project"] is pyproject's [project] table, not the package.
@@ -402,7 +403,7 @@ def test_the_rendered_project_is_a_locked_git_repository_with_everything_in_one_
     project_dir = render_without_git_identity(template, output, home, context)
     git = {"cwd": project_dir, **TEXT_OUTPUT}
     log = subprocess.run(["git", "log", "--format=%an <%ae> %s"], **git).stdout.splitlines()
-    assert log == [f"{CONTEXT['author']} <> New project from the Lightning template: My Vision Lab"]
+    assert log == [f"{CONTEXT['author']} <> New project from the Lightning template: {CONTEXT['project_name']}"]
     assert subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], **git).stdout == ""
     committed = subprocess.run(["git", "ls-files"], **git).stdout.split()
     assert "my_vision_lab/module.py" in committed and "tests/test_classes.py" in committed

@@ -11,7 +11,7 @@ import time
 
 import pytest
 import torch.distributed as dist
-from helpers import REPO
+from helpers import LIBRARY, REPO
 
 from trainfleet.checkpoints import writing
 from trainfleet.runtime import warm_restart
@@ -141,11 +141,11 @@ def test_a_supervisor_waits_in_the_store_for_a_failure_instead_of_polling_it():
 def test_a_supervisor_makes_no_cuda_call_before_it_forks_its_rank():
     """The GPU check's own probe (scripts/gpu_check.py), here on a CUDA build of torch without a device: every CUDA
     entry point's calls counted, none made by what the supervisor runs before its fork."""
-    sys.path.insert(0, str(REPO / "scripts"))
+    sys.path.insert(0, str(LIBRARY / "scripts"))
     try:
         from gpu_check import CUDA_BEFORE_FORK
     finally:
-        sys.path.remove(str(REPO / "scripts"))
+        sys.path.remove(str(LIBRARY / "scripts"))
     done = subprocess.run([sys.executable, "-c", CUDA_BEFORE_FORK], cwd=REPO, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == {"calls": [], "initialized": False}
