@@ -51,7 +51,7 @@ def test_requirements_txt_is_uv_locks_export(project_copy):
 def test_the_lock_is_current_and_a_lock_behind_pyproject_is_refused_naming_the_fix(project_copy):
     current = uv("lock", "--check", cwd=project_copy)
     assert current.returncode == 0, f"uv.lock is out of date with pyproject.toml, run `uv lock`:\n{current.stderr}"
-    pyproject = project_copy / "library" / "pyproject.toml"  # a new dependency of the library's, locked by the workspace
+    pyproject = project_copy / "library" / "pyproject.toml"  # the library's new dependency: the workspace locks it
     pyproject.write_text(pyproject.read_text().replace('"rich>=12",', '"rich>=12", "tqdm>=4",', 1))
     stale = uv("lock", "--check", cwd=project_copy)
     assert stale.returncode != 0
