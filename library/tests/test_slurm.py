@@ -28,6 +28,7 @@ from helpers import (
     run_folder,
     run_project,
 )
+from sample_accounting import kept_samples
 from slurm_cluster import (  # noqa: F401 (slurm_cluster: the fixture)
     job_output,
     job_state,
@@ -64,8 +65,11 @@ def slow(seconds: float) -> tuple[str, ...]:
     return ("--trainer.callbacks+=fault_injection.SlowSteps", "--trainer.callbacks.seconds", str(seconds))
 
 
-def submit(out: Path, run_dir: Path, *options: str, fit: tuple[str, ...] = (), nodes: int = NODES) -> str:
-    """docs/multi-node.md's `sbatch` line with OPTIONS added and FIT after its arguments, into RUN_DIR; the job id."""
+def submit(
+    out: Path, run_dir: Path, *options: str, fit: tuple[str, ...] = (), nodes: int | str = NODES, **env: str
+) -> str:
+    """docs/multi-node.md's `sbatch` line with OPTIONS added and FIT after its arguments, into RUN_DIR, on NODES (a
+    number, or MIN-MAX), with ENV for the sbatch script; the job id."""
     resources = [option if not option.startswith("--nodes=") else f"--nodes={nodes}" for option in DOC_OPTIONS]
     return sbatch(
         *resources,
@@ -77,7 +81,7 @@ def submit(out: Path, run_dir: Path, *options: str, fit: tuple[str, ...] = (), n
         *("--trainer.default_root_dir", str(run_dir), "--trainer.enable_progress_bar", "false"),
         *fit,
         cwd=REPO,
-        env=slurm_env(PYTHONPATH=TESTS, PROJECT_EXIT_DIR=str(out)),
+        env=slurm_env(PYTHONPATH=TESTS, PROJECT_EXIT_DIR=str(out), **env),
     )
 
 
@@ -366,3 +370,69 @@ def test_a_job_hit_by_every_fault_heals_itself_and_ends_as_the_uninterrupted_one
     assert_same_weights(last_weights(run_dir), last_weights(reference[0]))
     assert [path.name for path in (run_dir / "lightning_logs").iterdir()] == ["version_0"]
     assert logged_metrics(run_dir) == logged_metrics(reference[0])
+
+
+ELASTIC_NODES = "1-2"  # --nodes=MIN-MAX: the job runs on what SLURM has, down to one node
+ELASTIC_FIT = ("--data.class_path", "sample_accounting.IndexedDigits", *slow(0.05))
+ELASTIC_FIT += ("--trainer.callbacks.first_attempt_only", "false")
+
+
+def elastic_fit(samples: Path) -> tuple[str, ...]:
+    return (
+        *ELASTIC_FIT,
+        "--trainer.callbacks+=sample_accounting.AttemptSamples",
+        "--trainer.callbacks.output_dir",
+        str(samples),
+    )
+
+
+def final_val_acc(run_dir: Path) -> float:
+    return [float(row["val_acc"]) for row in metrics_rows(run_folder(run_dir)) if row.get("val_acc")][-1]
+
+
+@pytest.fixture(scope="module")
+def elastic_reference(slurm_cluster, tmp_path_factory):  # noqa: F811
+    """The elastic job's data and callbacks on 2 nodes, uninterrupted: the accuracy the elastic job must reach."""
+    out = tmp_path_factory.mktemp("elastic-reference")
+    job = submit(out, out / "run", fit=elastic_fit(out / "samples"))
+    state, text = finished(job, out)
+    assert (state["state"], state["exit_code"]) == ("COMPLETED", 0), f"{state}\n{text[-4000:]}"
+    return out
+
+
+def test_a_job_of_1_to_2_nodes_goes_on_with_the_node_left_and_takes_the_other_back(elastic_reference, tmp_path):
+    """`--nodes=1-2`: node2 taken down mid-run, SLURM requeues the job onto node1 alone, which resumes from the newest
+    checkpoint on one rank (the rest of that epoch's samples, each once); node2 back, the time-limit signal requeues it
+    and it resumes on both nodes. It ends COMPLETED; every epoch trained each sample exactly once (the steps the lost
+    attempt made after its checkpoint are dropped: they were trained again); accuracy within half a point of the
+    uninterrupted 2-node job."""
+    run_dir, samples = tmp_path / "run", tmp_path / "samples"
+    # A periodic last.ckpt every second of training: the node is lost between two of them, inside an epoch.
+    job = submit(
+        tmp_path, run_dir, "--requeue", fit=elastic_fit(samples), nodes=ELASTIC_NODES, CHECKPOINT_EVERY="0:00:01"
+    )
+    wait_for_step(run_dir, 45)
+    set_node("node2", "DOWN")
+    try:
+        deadline = time.monotonic() + 60
+        while (job_state(job) or {}).get("restarts", 0) < 1:
+            assert time.monotonic() < deadline, job_state(job)
+            time.sleep(0.3)
+        release_when_requeued(job, restarts=1)
+        resumed = saved_step(run_dir)
+        wait_for_step(run_dir, resumed + 20)  # a step saved by the one-node attempt
+        assert (job_state(job) or {}).get("nodes") == "node1", job_state(job)
+    finally:
+        set_node("node2", "RESUME")
+    subprocess.run(["scancel", "--signal=USR1", job], check=True)  # the time limit: saved, requeued
+    release_when_requeued(job, restarts=2)
+    state, text = finished(job, tmp_path)
+    assert (state["state"], state["exit_code"]) == ("COMPLETED", 0), f"{state}\n{text[-4000:]}"
+    kept, attempts = kept_samples(samples)
+    assert [ranks for _, ranks in attempts] == [2, 1, 2], attempts
+    assert sorted(kept) == list(range(EPOCHS))
+    for epoch, trained in kept.items():
+        assert sorted(trained) == list(range(TRAIN_SAMPLES)), f"epoch {epoch}: each sample once"
+    ours, reference = final_val_acc(run_dir), final_val_acc(elastic_reference / "run")
+    print(f"elastic job: attempts (start step, ranks) {attempts}; val_acc {ours:.4f} against {reference:.4f}")
+    assert abs(ours - reference) <= 0.005
