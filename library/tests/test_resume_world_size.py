@@ -89,6 +89,23 @@ def test_a_resume_on_another_world_size_trains_each_sample_of_the_epoch_once(nam
     assert sorted(itertools.chain(*record[1].values())) == fresh_epoch(last, 1, drop_last)  # as a fresh run's epoch
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("then", [1, 3])
+def test_a_checkpoint_at_an_epochs_last_batch_resumed_on_other_ranks_trains_the_next_epochs_whole(then, tmp_path):
+    """2 processes stop at epoch 0's last step (10 steps of 64: its checkpoint is from that batch, as a preemption stop
+    there saves); resumed on THEN processes, the next epochs are fresh THEN-process epochs. Before, on 1 process the
+    next epoch trained its last 618 samples only: the loader skipped the 2-process run's 10 batches (1 process's epoch
+    is 20), and Lightning, whose count of them was not this epoch length, did not start it afresh."""
+    last_step = -(-TRAIN_SIZE // 2 // BATCH)
+    stop = ("--trainer.max_steps", str(last_step))
+    fit(tmp_path / "run", 2, tmp_path / "first", "--checkpoint.every_n_train_steps", str(last_step), *stop)
+    fit(tmp_path / "run", then, tmp_path / "then", "--trainer.max_epochs", "3", "--ckpt_path", "last")
+    record = read_trained(tmp_path / "then")
+    assert sorted(record) == [1, 2]
+    for epoch in (1, 2):
+        assert sorted(itertools.chain(*record[epoch].values())) == fresh_epoch(then, epoch, drop_last=False)
+
+
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory) -> Path:
     """The digits as LitData shards, 6 of each class per split: 60 training images."""

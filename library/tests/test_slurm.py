@@ -65,11 +65,9 @@ def slow(seconds: float) -> tuple[str, ...]:
     return ("--trainer.callbacks+=fault_injection.SlowSteps", "--trainer.callbacks.seconds", str(seconds))
 
 
-def submit(
-    out: Path, run_dir: Path, *options: str, fit: tuple[str, ...] = (), nodes: int | str = NODES, **env: str
-) -> str:
-    """docs/multi-node.md's `sbatch` line with OPTIONS added and FIT after its arguments, into RUN_DIR, on NODES (a
-    number, or MIN-MAX), with ENV for the sbatch script; the job id."""
+def submit(out: Path, run_dir: Path, *options: str, fit: tuple[str, ...] = (), nodes: int = NODES, **env: str) -> str:
+    """docs/multi-node.md's `sbatch` line with OPTIONS added and FIT after its arguments, into RUN_DIR, with ENV for
+    the sbatch script; the job id."""
     resources = [option if not option.startswith("--nodes=") else f"--nodes={nodes}" for option in DOC_OPTIONS]
     return sbatch(
         *resources,
@@ -291,10 +289,10 @@ def wait_for_step(run_dir: Path, step: int, timeout: float = 120) -> float:
 
 
 def set_node(node: str, state: str) -> None:
-    """DOWN, or RESUME (refused when the node is back already: ReturnToService=2 brings it back as its slurmd
-    answers)."""
-    reason = ["Reason=chaos test"] if state == "DOWN" else []  # RESUME takes none
-    subprocess.run(["scontrol", "update", f"NodeName={node}", f"State={state}", *reason], check=state == "DOWN")
+    """DOWN, DRAIN (kept out of new jobs: a DOWN node comes back as soon as its slurmd answers, ReturnToService=2), or
+    RESUME (refused when the node is back already)."""
+    reason = ["Reason=chaos test"] if state in ("DOWN", "DRAIN") else []  # RESUME takes none
+    subprocess.run(["scontrol", "update", f"NodeName={node}", f"State={state}", *reason], check=state != "RESUME")
 
 
 def test_a_job_hit_by_every_fault_heals_itself_and_ends_as_the_uninterrupted_one(reference, tmp_path):
@@ -372,7 +370,6 @@ def test_a_job_hit_by_every_fault_heals_itself_and_ends_as_the_uninterrupted_one
     assert logged_metrics(run_dir) == logged_metrics(reference[0])
 
 
-ELASTIC_NODES = "1-2"  # --nodes=MIN-MAX: the job runs on what SLURM has, down to one node
 ELASTIC_FIT = ("--data.class_path", "sample_accounting.IndexedDigits", *slow(0.05))
 ELASTIC_FIT += ("--trainer.callbacks.first_attempt_only", "false")
 
@@ -400,32 +397,34 @@ def elastic_reference(slurm_cluster, tmp_path_factory):  # noqa: F811
     return out
 
 
-def test_a_job_of_1_to_2_nodes_goes_on_with_the_node_left_and_takes_the_other_back(elastic_reference, tmp_path):
-    """`--nodes=1-2`: node2 taken down mid-run, SLURM requeues the job onto node1 alone, which resumes from the newest
-    checkpoint on one rank (the rest of that epoch's samples, each once); node2 back, the time-limit signal requeues it
-    and it resumes on both nodes. It ends COMPLETED; every epoch trained each sample exactly once (the steps the lost
-    attempt made after its checkpoint are dropped: they were trained again); accuracy within half a point of the
-    uninterrupted 2-node job."""
+def test_a_job_requeued_onto_fewer_nodes_goes_on_there_and_takes_the_node_back_at_its_next_requeue(
+    elastic_reference, tmp_path
+):
+    """A 2-node job loses node2 mid-run: SLURM requeues it, and the requeued job, made a 1-node job (`scontrol update
+    JobId=N NumNodes=1 NumTasks=1 NumCPUs=1`, what an operator does when the node stays down), starts on node1 alone
+    and resumes from the newest checkpoint on one rank: the rest of that epoch's samples, each once. With node2 back
+    and the job given 2 nodes again, the time-limit signal requeues it and it resumes on both. It ends COMPLETED; every
+    epoch trained each sample exactly once (the steps the lost attempt made after its checkpoint are dropped: they were
+    trained again); accuracy within half a point of the uninterrupted 2-node job."""
     run_dir, samples = tmp_path / "run", tmp_path / "samples"
     # A periodic last.ckpt every second of training: the node is lost between two of them, inside an epoch.
-    job = submit(
-        tmp_path, run_dir, "--requeue", fit=elastic_fit(samples), nodes=ELASTIC_NODES, CHECKPOINT_EVERY="0:00:01"
-    )
+    job = submit(tmp_path, run_dir, "--requeue", fit=elastic_fit(samples), CHECKPOINT_EVERY="0:00:01")
     wait_for_step(run_dir, 45)
-    set_node("node2", "DOWN")
+    set_node("node2", "DOWN")  # the job is requeued
+    set_node("node2", "DRAIN")  # and the node stays out
     try:
         deadline = time.monotonic() + 60
         while (job_state(job) or {}).get("restarts", 0) < 1:
             assert time.monotonic() < deadline, job_state(job)
             time.sleep(0.3)
-        release_when_requeued(job, restarts=1)
+        release_when_requeued(job, 1, 180, "NumNodes=1", "NumTasks=1", "NumCPUs=1")
         resumed = saved_step(run_dir)
         wait_for_step(run_dir, resumed + 20)  # a step saved by the one-node attempt
         assert (job_state(job) or {}).get("nodes") == "node1", job_state(job)
     finally:
         set_node("node2", "RESUME")
     subprocess.run(["scancel", "--signal=USR1", job], check=True)  # the time limit: saved, requeued
-    release_when_requeued(job, restarts=2)
+    release_when_requeued(job, 2, 180, "NumNodes=2", "NumTasks=2", "NumCPUs=2")
     state, text = finished(job, tmp_path)
     assert (state["state"], state["exit_code"]) == ("COMPLETED", 0), f"{state}\n{text[-4000:]}"
     kept, attempts = kept_samples(samples)

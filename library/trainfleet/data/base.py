@@ -177,9 +177,11 @@ class BaseDataModule(LightningDataModule):
         # A resumed run: Lightning makes the epoch's iterator (a StatefulDataLoader draws the order then, workers take
         # indices ahead) before its set_epoch call, so the sampler must already be at the epoch it resumes into.
         epoch, mid_epoch = resume_point(self.trainer) if self.trainer else (0, False)
+        if not mid_epoch:
+            self._start_count_afresh(num_replicas)
         resplit = mid_epoch and self._resume_rest(epoch)
         sampler.set_epoch(epoch)
-        loader = self._loader(dataset, sampler, drop_last, mid_epoch=mid_epoch and not resplit, position=not resplit)
+        loader = self._loader(dataset, sampler, drop_last, mid_epoch=mid_epoch and not resplit)
         if resplit:
             self._count_from_rest(len(loader), epoch)
         return loader
@@ -222,6 +224,15 @@ class BaseDataModule(LightningDataModule):
             return False
         sampler.resume_at(Remainder(epoch, saved["trained"], saved["seed"]))
         return True
+
+    def _start_count_afresh(self, num_replicas: int) -> None:
+        """After a checkpoint from an epoch's last batch on another number of ranks, the next epoch's batch count
+        starts at 0. Lightning starts it afresh only when the checkpoint's count is this run's epoch length, which
+        another world size changes: 2 ranks' 10 steps, resumed on 1 rank (20 a fresh epoch), trained 10 steps of the
+        next epoch, its last 618 samples of 1,258."""
+        saved, trainer = self.saved_order, self.trainer
+        if trainer and saved and saved["world_size"] != num_replicas and (trained := batches_trained(trainer)):
+            shift_batch_count(trainer, -trained)
 
     def _count_from_rest(self, length: int, epoch: int) -> None:
         """Sets Lightning's batch count so that the epoch's LENGTH (its fresh length on these ranks, which Lightning
@@ -284,14 +295,13 @@ class BaseDataModule(LightningDataModule):
         sampler: Sampler,
         drop_last: bool = False,
         mid_epoch: bool = False,
-        position: bool = True,
     ) -> Iterable:
-        """A loader for DATASET in SAMPLER's order; MID_EPOCH: it resumes at the position a checkpoint saved
-        (torchdata's loader), POSITION False: the in-memory loader ignores a saved position (the sampler has it)."""
+        """A loader for DATASET in SAMPLER's order; MID_EPOCH: it resumes at the position a checkpoint saved (else the
+        sampler has it, or the epoch starts)."""
         if self.hparams.in_memory and isinstance(dataset, TensorDataset):
             device = self._gpu() if self.hparams.on_device else None
             return TensorBatchLoader(
-                dataset.tensors, sampler, self.hparams.batch_size, drop_last, device, mid_epoch=position
+                dataset.tensors, sampler, self.hparams.batch_size, drop_last, device, mid_epoch=mid_epoch
             )
         workers = self.hparams.num_workers
         return ResumableDataLoader(
