@@ -39,6 +39,8 @@ from slurm_cluster import (  # noqa: F401 (slurm_cluster: the fixture)
     wait_job,
 )
 
+from trainfleet.runs.goodput import one_line, read_records, summarize
+
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 TESTS = str(Path(__file__).parent)
@@ -371,7 +373,7 @@ def test_a_job_hit_by_every_fault_heals_itself_and_ends_as_the_uninterrupted_one
 
 
 ELASTIC_FIT = ("--data.class_path", "sample_accounting.IndexedDigits", *slow(0.05))
-ELASTIC_FIT += ("--trainer.callbacks.first_attempt_only", "false")
+ELASTIC_FIT += ("--trainer.callbacks.first_attempt_only", "false", "--preemption.check_every_n_steps", "7")
 
 
 def elastic_fit(samples: Path) -> tuple[str, ...]:
@@ -432,6 +434,15 @@ def test_a_job_requeued_onto_fewer_nodes_goes_on_there_and_takes_the_node_back_a
     assert sorted(kept) == list(range(EPOCHS))
     for epoch, trained in kept.items():
         assert sorted(trained) == list(range(TRAIN_SAMPLES)), f"epoch {epoch}: each sample once"
+    # The goodput record: one line per attempt, each starting where the last stopped (both stops saved where they
+    # stopped: SLURM's SIGTERM at the lost node, the time-limit signal), two restarts, nothing redone.
+    records = read_records(run_folder(run_dir))
+    assert [record["start_step"] for record in records] == [start for start, _ in attempts]
+    assert [record["end_step"] for record in records[:-1]] == [start for start, _ in attempts[1:]]
+    summary = summarize(records)
+    assert (summary.attempts, len(summary.restarts), summary.steps_redone) == (3, 2, 0)
+    assert 0 < summary.training_s < summary.wall_s
+    print(f"elastic job: {one_line(summary)}")
     ours, reference = final_val_acc(run_dir), final_val_acc(elastic_reference / "run")
     print(f"elastic job: attempts (start step, ranks) {attempts}; val_acc {ours:.4f} against {reference:.4f}")
     assert abs(ours - reference) <= 0.005
