@@ -63,10 +63,11 @@ class PauseAt(Callback):
 
 class SlowSteps(Callback):
     """Sleeps SECONDS after every training step (the numbers are unchanged): a job that runs long enough for a
-    scheduler's signal to reach it mid-training. ``first_attempt_only``: not in a requeued SLURM job."""
+    scheduler's signal to reach it mid-training. ``first_attempt_only``: not in a requeued SLURM job nor a restarted
+    torchrun worker."""
 
     def __init__(self, seconds: float, first_attempt_only: bool = True) -> None:
-        restarted = os.environ.get("SLURM_RESTART_COUNT", "0") != "0"
+        restarted = os.environ.get("SLURM_RESTART_COUNT", os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) != "0"
         self.seconds = 0.0 if first_attempt_only and restarted else seconds
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: object) -> None:

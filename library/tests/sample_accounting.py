@@ -57,9 +57,10 @@ def read_trained(output_dir: Path) -> dict[int, dict[int, list[int]]]:
     return trained
 
 
-# What tells one attempt of a run from the next: SLURM's requeues, the sbatch script's restarts in an allocation, and
-# the warm restarts of the processes (trainfleet/runs/restarts.py).
-ATTEMPT_VARS = ("SLURM_RESTART_COUNT", "PROJECT_RESTART_COUNT", "PROJECT_WARM_GENERATION")
+# What tells one attempt of a run from the next: SLURM's requeues, torchrun's restarts, the sbatch script's restarts in
+# an allocation, and the warm restarts of the processes (trainfleet/runs/restarts.py).
+ATTEMPT_VARS = ("SLURM_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT", "PROJECT_RESTART_COUNT")
+ATTEMPT_VARS += ("PROJECT_WARM_GENERATION",)
 
 
 class AttemptSamples(TrainedSamples):
