@@ -508,6 +508,20 @@ def test_a_launcher_setting_of_the_wrong_kind_is_refused_before_anything_starts(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("value", ["two", "0", "3"])
+def test_a_min_nodes_that_cannot_work_is_refused_before_anything_starts(tmp_path, value):
+    """MIN_NODES (elastic torchrun) is a whole number from 1 to NUM_NODES."""
+    env = project_env(NUM_NODES="2", MIN_NODES=value, NODE_RANK="0", MASTER_ADDR="127.0.0.1")
+    script = ["bash", str(REPO / "scripts" / "torchrun.sh"), *quick_args(tmp_path / "run")]
+    result = subprocess.run(script, cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert (
+        result.returncode == 2
+        and f"MIN_NODES must be an integer from 1 to NUM_NODES (2), got '{value}'" in result.stderr
+    )
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
 def test_a_refusal_under_torchrun_ends_the_job_at_once_with_its_own_code(tmp_path):
     """A rank's final code is not restarted, and the launcher ends with it, not with torchrun's 1 for any failure."""
     env = project_env(DEVICES="2", MASTER_PORT=str(free_port()))
