@@ -407,7 +407,7 @@ def test_a_job_requeued_onto_fewer_nodes_goes_on_there_and_takes_the_node_back_a
     and resumes from the newest checkpoint on one rank: the rest of that epoch's samples, each once. With node2 back
     and the job given 2 nodes again, the time-limit signal requeues it and it resumes on both. It ends COMPLETED; every
     epoch trained each sample exactly once (the steps the lost attempt made after its checkpoint are dropped: they were
-    trained again); accuracy within half a point of the uninterrupted 2-node job."""
+    trained again); accuracy within one validation sample (0.56 points) of the 2-node job's."""
     run_dir, samples = tmp_path / "run", tmp_path / "samples"
     # A periodic last.ckpt every second of training: the node is lost between two of them, inside an epoch.
     job = submit(tmp_path, run_dir, "--requeue", fit=elastic_fit(samples), CHECKPOINT_EVERY="0:00:01")
@@ -443,6 +443,8 @@ def test_a_job_requeued_onto_fewer_nodes_goes_on_there_and_takes_the_node_back_a
     assert (summary.attempts, len(summary.restarts), summary.steps_redone) == (3, 2, 0)
     assert 0 < summary.training_s < summary.wall_s
     print(f"elastic job: {one_line(summary)}")
+    shown = run_project("report", str(run_folder(run_dir)), cwd=REPO)  # the report of a SLURM job's run
+    assert shown.returncode == 0 and (run_folder(run_dir) / "goodput.png").stat().st_size > 0, shown.stderr
     ours, reference = final_val_acc(run_dir), final_val_acc(elastic_reference / "run")
     print(f"elastic job: attempts (start step, ranks) {attempts}; val_acc {ours:.4f} against {reference:.4f}")
-    assert abs(ours - reference) <= 0.005
+    assert abs(ours - reference) <= 1 / 180 + 1e-6  # one of the 180 validation samples: half a point is finer
