@@ -29,6 +29,7 @@ from helpers import (
     quick_args,
     run_folder,
     run_project,
+    saved_step,
 )
 from lightning.pytorch import Trainer
 from multi_host import Hosts
@@ -351,9 +352,8 @@ def elastic_nodes(hosts: Hosts, base: Path, lose_host_2: bool) -> tuple[list[sub
             command = hosts[rank].command(["bash", str(SCRIPTS / "torchrun.sh"), *args])
             procs.append(subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT))
     if lose_host_2:
-        checkpoint = base / "run" / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
         deadline = time.monotonic() + 120
-        while not (checkpoint.exists() and saved_step(checkpoint) >= 24):
+        while saved_step(base / "run") < 24:
             assert time.monotonic() < deadline and procs[0].poll() is None, "the 3-node run never saved step 24"
             time.sleep(0.2)
         pids = subprocess.run(["ip", "netns", "pids", hosts[2].namespace], capture_output=True, text=True).stdout
@@ -361,13 +361,6 @@ def elastic_nodes(hosts: Hosts, base: Path, lose_host_2: bool) -> tuple[list[sub
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(pid), signal.SIGKILL)
     return procs, samples
-
-
-def saved_step(checkpoint: Path) -> int:
-    try:
-        return torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)["global_step"]
-    except (RuntimeError, EOFError, FileNotFoundError):  # replaced as it was read
-        return 0
 
 
 def finish_nodes(procs: list[subprocess.Popen], count: int, timeout: float = 300) -> list[int]:

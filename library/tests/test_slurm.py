@@ -27,6 +27,7 @@ from helpers import (
     metrics_rows,
     run_folder,
     run_project,
+    saved_step,
 )
 from sample_accounting import kept_samples
 from slurm_cluster import (  # noqa: F401 (slurm_cluster: the fixture)
@@ -270,15 +271,6 @@ def task_pid(job: str, rank: int) -> int:
     if not forked:
         pytest.fail(f"no rank {rank} of job {job} running: {found}")
     return forked[0]
-
-
-def saved_step(run_dir: Path) -> int:
-    """The step of the run's newest last.ckpt (0 before the first)."""
-    last = run_dir / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
-    try:
-        return torch.load(last, map_location="cpu", weights_only=True, mmap=True)["global_step"]
-    except (FileNotFoundError, RuntimeError, EOFError):  # not written yet, or replaced as it was read
-        return 0
 
 
 def wait_for_step(run_dir: Path, step: int, timeout: float = 120) -> float:

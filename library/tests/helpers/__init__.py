@@ -24,6 +24,7 @@ from helpers.runs import (
     metric_values,
     metrics_rows,
     run_folder,
+    saved_step,
 )
 from helpers.schedules import rates
 from trainfleet.testing import assert_same_weights, differing_weights
@@ -53,5 +54,6 @@ __all__ = [
     "run_folder",
     "run_in_process",
     "run_project",
+    "saved_step",
     "start_python",
 ]

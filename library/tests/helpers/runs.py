@@ -22,6 +22,15 @@ def metrics_rows(folder: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(file))
 
 
+def saved_step(run_dir: Path) -> int:
+    """The step of the run's newest last.ckpt (0 before the first)."""
+    last = run_dir / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+    try:
+        return torch.load(last, map_location="cpu", weights_only=True, mmap=True)["global_step"]
+    except (FileNotFoundError, RuntimeError, EOFError):  # not written yet, or replaced as it was read
+        return 0
+
+
 def metric_values(folder: Path, name: str) -> list[float]:
     """NAME's values in the metrics.csv of run FOLDER, in logged order (the rows that hold it)."""
     return [float(row[name]) for row in metrics_rows(folder) if row.get(name)]
