@@ -180,19 +180,23 @@ def _named(node: int, function: Callable, *args: object) -> object:
 
 @contextlib.contextmanager
 def refusing_listener(node: int | None) -> Iterator[None]:
-    """Node NODE's data listener closes before its neighbour probes it (what a firewall that rejects does); the rest
-    are the real ``rendezvous.Listener``."""
+    """Node NODE's data port refuses connections (what a firewall that rejects does): its socket is bound, so no other
+    node's listener is handed the same port, and never listens; the rest are the real ``rendezvous.Listener``.
+    (Closing a real listener instead let another node's listener take its port, which the probe then reached.)"""
     if node is None:
         yield
         return
     real = rendezvous.Listener
 
     class Refusing(real):
-        def address(self) -> list:
-            found = super().address()
+        def __init__(self) -> None:
+            super().__init__()
             if threading.current_thread().name == f"node-{node}":
+                host = self.address()[0]
                 self.close()
-            return found
+                self.socket = socket.socket()
+                self.socket.bind(("0.0.0.0", 0))  # on every address: no other node's listener gets this port
+                self.address = lambda: [host, self.socket.getsockname()[1]]
 
     rendezvous.Listener = Refusing
     try:
