@@ -82,6 +82,15 @@ def quiet_preemption_check(cli: ProjectCLI) -> None:
     check.on_train_batch_end = lambda *args: None
 
 
+def no_step_times(cli: ProjectCLI) -> None:
+    """The slow-rank clock off (runtime/slow_rank.py): the check's hooks that only read it are ``Callback``'s empty
+    ones again (skipped, as idle hooks are), and its step end only checks; its slot in the exchange stays."""
+    check = next(callback for callback in cli.trainer.callbacks if isinstance(callback, PreemptionCheck))
+    for hook in ("on_train_epoch_start", "on_train_batch_start", "on_before_backward"):
+        setattr(check, hook, getattr(Callback, hook).__get__(check))
+    check.on_train_batch_end = lambda trainer, *args: check.after_step(trainer)
+
+
 def no_training_metrics(cli: ProjectCLI) -> None:
     """No training loss or accuracy: neither their per-step updates nor their epoch-end sync and logging."""
     model = cli.model
@@ -103,6 +112,7 @@ PARTS = (
     Part("Throughput", True, change=drop(Throughput)),
     Part("ResumeState", True, change=drop(ResumeState)),
     Part("PreemptionCheck, its step check", True, change=quiet_preemption_check),
+    Part("PreemptionCheck, its slow-rank clock", True, change=no_step_times),
     Part("PreemptionCheck, whole (without it: Lightning's SIGTERM broadcast)", True, change=drop(PreemptionCheck)),
     Part("ModelCheckpoint (saving nothing)", True, change=drop(ModelCheckpoint)),
     Part("training metrics (torchmetrics)", True, change=no_training_metrics),

@@ -75,15 +75,15 @@ class SlowSteps(Callback):
 
 
 class SlowRank(Callback):
-    """Rank ``rank`` sleeps SECONDS at the start of every training step (before the preemption check's clock reads
-    the step's start, so it counts as waiting for its batch): a throttled CPU or a slow disk on one rank."""
+    """Rank ``rank`` sleeps SECONDS at the start of every training step, the other ranks OTHERS (before the preemption
+    check's clock reads the step's start, so it counts as waiting for its batch): a throttled CPU or a slow disk on
+    one rank, SECONDS / OTHERS times the others' step where they have one."""
 
-    def __init__(self, seconds: float, rank: int = 1) -> None:
-        self.seconds, self.rank = seconds, rank
+    def __init__(self, seconds: float, rank: int = 1, others: float = 0.0) -> None:
+        self.seconds, self.rank, self.others = seconds, rank, others
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, *args: object) -> None:
-        if trainer.global_rank == self.rank:
-            time.sleep(self.seconds)
+        time.sleep(self.seconds if trainer.global_rank == self.rank else self.others)
 
 
 COLLECTIVES = (

@@ -34,6 +34,7 @@ from helpers import (
     processes_left,
     project_env,
     quick_args,
+    run_folder,
     run_in_process,
     run_project,
     start_python,
@@ -49,6 +50,7 @@ from trainfleet.exit_codes import (
     REFUSED_EXIT_CODE,
 )
 from trainfleet.runs.folders import resume_command
+from trainfleet.runs.goodput import read_records
 from trainfleet.runtime.early_interrupt import EarlyInterrupt
 from trainfleet.runtime.faults import FailFast, Heartbeat, is_alive, pid_space, wait_until
 from trainfleet.runtime.nan_guard import NaNGuard
@@ -368,7 +370,7 @@ def test_training_makes_no_per_step_collective(tmp_path, periodic):
 
 
 SLOW_RANK_LINE = (
-    r"\[project\] rank 1 \(host (\S+)\) is slow: ([\d.]+) ms of its own work a step"
+    r"\[project\] rank 1 \(host (\S+)\) is slow at step (\d+): ([\d.]+) ms of its own work a step"
     r" \(the wait for its batch and its forward\) against a median of ([\d.]+) ms on the other ranks"
     r" over the last 4 steps \(([\d.]+)x\)"
 )
@@ -378,25 +380,33 @@ def test_a_slow_rank_is_named_after_two_checks_in_a_row_once_an_episode_and_neve
     """The rule alone (µs a step for each rank): above 1.5x the others' median and 5 ms above it, twice in a row."""
     times = StepTimes()
     times.hosts = ["a", "b", "c"]
-    assert times.judge([1000, 12000, 1100], 50) == []  # the first slow check: a hiccup is not named
-    [line] = times.judge([1000, 12300, 1100], 50)
+    assert times.judge([1000, 12000, 1100], 50, 50) == []  # the first slow check: a hiccup is not named
+    [line] = times.judge([1000, 12300, 1100], 50, 100)
     assert line == (
-        "rank 1 (host b) is slow: 12.3 ms of its own work a step (the wait for its batch and its forward) against a"
-        " median of 1.1 ms on the other ranks over the last 50 steps (11.7x)"
+        "rank 1 (host b) is slow at step 100: 12.3 ms of its own work a step (the wait for its batch and its forward)"
+        " against a median of 1.1 ms on the other ranks over the last 50 steps (11.7x)"
     )
+    [named] = times.named  # kept for the goodput record
+    assert {key: named[key] for key in ("rank", "host", "step", "own_ms", "others_ms")} == {
+        "rank": 1, "host": "b", "step": 100, "own_ms": 12.3, "others_ms": 1.05
+    }  # fmt: skip
     assert times.judge([1000, 12000, 1100], 50) == []  # the same episode: said once
     assert times.judge([1000, 1000, 1100], 50) == []  # it ended
     assert times.judge([1000, 12000, 1100], 50) == [] and len(times.judge([1000, 12000, 1100], 50)) == 1  # a new one
+    assert len(times.named) == 2
     for _ in range(3):  # 4x the others, but only 3 ms above them: noise on a toy step
         assert times.judge([1000, 4000, 1000], 50) == []
 
 
 @pytest.mark.slow
-def test_a_rank_slow_on_every_step_is_named_once_with_its_host_by_the_periodic_exchange(tmp_path):
-    """Rank 1 sleeps 20 ms at the start of every step; the exchange every 4 steps carries each rank's own time a step
-    (the wait for its batch plus its forward, not the backward where the ranks wait for each other): rank 1 is named
-    after 2 checks in a row, once, by rank 0, with its host."""
-    slow = ("--trainer.callbacks+=fault_injection.SlowRank", "--trainer.callbacks.seconds", "0.02")
+@pytest.mark.parametrize(("slowed", "others"), [(0.02, 0.0), (0.04, 0.02)], ids=["5x", "2x"])
+def test_a_rank_slow_on_every_step_is_named_once_with_its_host_by_the_periodic_exchange(tmp_path, slowed, others):
+    """Rank 1 sleeps SLOWED at the start of every step, rank 0 OTHERS (the 2x case: 40 ms against 20 ms); the
+    exchange every 4 steps carries each rank's own time a step (the wait for its batch plus its forward, not the
+    backward where the ranks wait for each other): rank 1 is named at the second check (step 8), once, by rank 0,
+    with its host, in the log and in the goodput record."""
+    slow = ("--trainer.callbacks+=fault_injection.SlowRank", "--trainer.callbacks.seconds", str(slowed))
+    slow += ("--trainer.callbacks.others", str(others))
     steps = ("--trainer.max_steps", "24", "--preemption.check_every_n_steps", "4")
     result, _ = fit(tmp_path / "run", *steps, *slow)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -404,10 +414,16 @@ def test_a_rank_slow_on_every_step_is_named_once_with_its_host_by_the_periodic_e
     # Printed by rank 0 alone, once a slow episode (the rule's test above); a window that the shared CPUs slowed on
     # rank 0 too could end an episode here and start another.
     assert 1 <= len(named) <= 2, result.stderr[-3000:]
-    host, own, median, ratio = named[0]
-    assert host == socket.gethostname()
-    assert float(own) >= 20 and float(own) - float(median) >= 5 and float(ratio) >= 1.5
+    host, step, own, median, ratio = named[0]
+    assert host == socket.gethostname() and step == "8"
+    assert float(own) >= slowed * 1e3 and float(own) - float(median) >= 5 and float(ratio) >= 1.5
     assert "rank 0 (host" not in result.stderr
+    [record] = read_records(run_folder(tmp_path / "run"))
+    first = record["slow_ranks"][0]
+    assert (first["rank"], first["host"], first["step"]) == (1, host, 8)
+    seconds = first["at"] - record["first_step"]
+    assert 8 * slowed <= seconds < 10  # eight steps of at least SLOWED each, then the check that named it
+    print(f"rank 1 slowed {float(ratio):.1f}x ({own} ms against {median} ms): named at step 8, {seconds:.2f} s")
 
 
 @pytest.mark.slow

@@ -20,6 +20,7 @@ from trainfleet.exit_codes import REFUSED_EXIT_CODE
 from trainfleet.runs import goodput, restarts
 from trainfleet.runs.goodput import GOODPUT_FILE, Goodput, append_record, read_records, summarize
 from trainfleet.runtime import warm_restart
+from trainfleet.runtime.slow_rank import StepTimes
 
 TESTS = str(LIBRARY / "tests")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -71,6 +72,14 @@ def test_a_restart_without_its_times_and_a_resume_from_the_newest_step_lose_noth
     assert goodput.one_line(summary) == "goodput 23% (training 25.0 s of 110.0 s wall; 1 restart: requeued)"
 
 
+def test_a_lost_peers_cause_reads_without_torchs_source_location():
+    location = "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:561]"
+    cause = f"rank 0/3 failed at step 26: RuntimeError: {location} Connection closed by peer [10.55.0.3]:29363."
+    lost = {"what": "torchrun restart 1", "cause": cause}
+    line = goodput.one_line(summarize([record(100.0, 110.0, 5.0, (24, 40), restart=lost)]))
+    assert "1 restart: rank 0/3 failed at step 26: RuntimeError: Connection clos...)" in line
+
+
 def test_the_fits_last_line_says_it_all_in_one_line():
     line = goodput.one_line(summarize(RESTARTED))
     assert line == (
@@ -87,13 +96,15 @@ def test_a_torn_line_loses_only_itself(tmp_path):
     assert read_records(tmp_path) == RESTARTED
 
 
-def trainer_at(folder: Path, step: int, stalls: list) -> SimpleNamespace:
-    """What ``Goodput`` reads of a Trainer: rank 0, its step, its run folder (no logger), its checkpoint IO."""
+def trainer_at(folder: Path, step: int, stalls: list, callbacks: list | None = None) -> SimpleNamespace:
+    """What ``Goodput`` reads of a Trainer: rank 0, its step, its run folder (no logger), its checkpoint IO, its
+    callbacks (the preemption check's step times)."""
     io = SimpleNamespace(stalls=stalls)
     strategy = SimpleNamespace(checkpoint_io=io)
     return SimpleNamespace(
-        is_global_zero=True, global_step=step, loggers=[], default_root_dir=folder, strategy=strategy
-    )
+        is_global_zero=True, global_step=step, loggers=[], default_root_dir=folder, strategy=strategy,
+        callbacks=callbacks or [],
+    )  # fmt: skip
 
 
 def test_an_attempt_that_fails_appends_its_line_once_with_its_stalls_and_restart(tmp_path, monkeypatch):
@@ -101,13 +112,17 @@ def test_an_attempt_that_fails_appends_its_line_once_with_its_stalls_and_restart
     monkeypatch.setenv(restarts.KNOWN_AT_VAR, "50.25")
     stalls = [(10.0, 0.5)]  # a save before this attempt's training: not its own
     callback = Goodput(("torchrun restart 1", "rank 1 was killed by SIGKILL"))
-    trainer = trainer_at(tmp_path, 12, stalls)
+    check = SimpleNamespace(step_times=StepTimes())  # what the preemption check holds
+    check.step_times.hosts = ["a", "b"]
+    trainer = trainer_at(tmp_path, 12, stalls, [callback, check])
     callback.on_train_start(trainer, None)
     for step in (13, 14):
         callback.on_train_batch_start(trainer, None)
         trainer.global_step = step
         callback.on_train_batch_end(trainer, None)
     stalls.append((60.0, 0.125))
+    for step in (13, 14):  # rank 1 slow at two checks in a row: named at the second
+        check.step_times.judge([1000, 9000], 1, step)
     callback.on_exception(trainer, None, RuntimeError("Connection reset by peer"))
     callback.on_exception(trainer, None, RuntimeError("after the end"))  # once an attempt
     [line] = read_records(tmp_path)
@@ -118,6 +133,27 @@ def test_an_attempt_that_fails_appends_its_line_once_with_its_stalls_and_restart
     }  # fmt: skip
     assert 0 < line["training_s"] <= line["ended"] - line["started"]
     assert line["started"] <= line["first_step"] <= line["ended"]
+    [slow] = line["slow_ranks"]
+    assert {key: slow[key] for key in ("rank", "host", "step", "own_ms", "others_ms")} == {
+        "rank": 1, "host": "b", "step": 14, "own_ms": 9.0, "others_ms": 1.0
+    }  # fmt: skip
+    assert line["first_step"] <= slow["at"] <= line["ended"]
+
+
+SLOW = {"rank": 1, "host": "node7", "step": 100, "own_ms": 40.5, "others_ms": 20.0, "at": 125.0}
+
+
+def test_a_slow_rank_named_during_a_run_is_in_its_last_line_and_its_report(tmp_path, capsys):
+    records = [RESTARTED[0], {**RESTARTED[1], "slow_ranks": [SLOW]}]
+    assert goodput.one_line(summarize(records)).endswith("; slow: rank 1 (host node7) 2.0x the others from step 100)")
+    for line in records:
+        append_record(tmp_path, line)
+    assert report.main([str(tmp_path), "--out", str(tmp_path / "timeline.png")]) == 0
+    shown = capsys.readouterr().out
+    assert (
+        "rank 1 (host node7) 2.0x the others from step 100: 40.5 ms against 20.0 ms, named 11.50 s after its"
+        " attempt's first step"  # the second attempt's first step was at 113.5
+    ) in shown.splitlines()
 
 
 def test_the_supervisor_hands_the_next_attempt_when_the_failure_began_and_when_it_knew(monkeypatch):

@@ -1,11 +1,16 @@
 """benchmarks/ledger.py's arithmetic, without running it: a part's figure is the median of its fits' differences from
 the template's fit of the same round, signed as what the part costs, and the template's speed against another side
-the median of the rounds' ratios; the table goes between the markers."""
+the median of the rounds' ratios; the table goes between the markers. And one part's switch, on a real fit."""
 
 import sys
 from pathlib import Path
 
 import pytest
+from helpers import quick_args
+
+from trainfleet.cli import build_cli
+from trainfleet.runtime.preemption import PreemptionCheck
+from trainfleet.runtime.slow_rank import StepTimes
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ is not installed
 from benchmarks import ledger  # noqa: E402
@@ -38,3 +43,24 @@ def test_the_table_replaces_what_stands_between_the_markers(tmp_path):
     doc.write_text(f"before\n{start}\nold table\n{end}\nafter\n")
     ledger.write_into(doc, "new table")
     assert doc.read_text() == f"before\n{start}\nnew table\n{end}\nafter\n"
+
+
+class CountedStepTimes(StepTimes):
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads = 0
+
+    def batch_start(self) -> None:
+        self.reads += 1
+
+    before_backward = batch_end = epoch_start = batch_start
+
+
+def test_the_slow_rank_clock_switched_off_reads_nothing_and_the_check_still_counts_its_steps(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "argv", sys.argv[:1])
+    cli = build_cli(quick_args(tmp_path, "--trainer.max_steps", "3"), run=False)
+    [check] = [callback for callback in cli.trainer.callbacks if isinstance(callback, PreemptionCheck)]
+    check.step_times = CountedStepTimes()
+    ledger.no_step_times(cli)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    assert (check.step_times.reads, check._steps) == (0, 3)

@@ -39,6 +39,8 @@ from sample_accounting import kept_samples
 from slurm_cluster import slurm_env
 from slurm_hosts import HostCluster, slurm_hosts  # noqa: F401 (the fixture)
 
+from trainfleet.runs.goodput import one_line, read_records, summarize
+
 EPOCHS = 3
 STEPS_PER_EPOCH = 10  # ceil(1258 training samples / 2 ranks / batch 64): one rank alone would take 20
 FAIL_AT_13_ON_RANK_1 = [  # tests/fault_injection.py
@@ -397,6 +399,14 @@ def test_torchrun_with_nodes_2_to_3_goes_on_with_the_two_left_when_a_host_is_los
         assert sum(counts.values()) - TRAIN_SAMPLES <= 2, f"epoch {epoch}: more repeats than padding"
     log = (tmp_path / "node0.log").read_text()
     assert "MEMBER: 1/3" in log and "MEMBER: 1/2" in log and "was checkpointed on 3 ranks and resumes on 2" in log
+    # The goodput record: the 3-rank attempt, ended by the lost host, then one restart that resumed at the newest
+    # checkpoint (every 3 steps: at most 2 steps redone) and finished.
+    records = read_records(run_folder(tmp_path / "run"))
+    assert [record["start_step"] for record in records] == [start for start, _ in attempts], records
+    summary = summarize(records)
+    assert len(summary.restarts) == 1 and records[-1]["outcome"] == "finished"
+    assert summary.steps_redone == records[0]["end_step"] - attempts[1][0] <= 2
+    print(f"elastic torchrun: {one_line(summary)}")
     runs = (tmp_path / "run", elastic_reference)
     ours, reference = (metric_values(run_folder(run), "val_acc")[-1] for run in runs)
     print(f"elastic torchrun: attempts (start step, ranks) {attempts}; val_acc {ours:.4f} against {reference:.4f}")

@@ -359,9 +359,26 @@ def test_a_job_hit_by_every_fault_heals_itself_and_ends_as_the_uninterrupted_one
     assert len(extra) <= 1 and all(" in its allocation: " in line for line in extra), restarts
     checkpoint = torch.load(last_checkpoint(run_dir), map_location="cpu", weights_only=True)
     assert checkpoint["global_step"] == EPOCHS * STEPS_PER_EPOCH
+    assert_goodput_of_every_fault(read_records(run_folder(run_dir)), restarts)
     assert_same_weights(last_weights(run_dir), last_weights(reference[0]))
     assert [path.name for path in (run_dir / "lightning_logs").iterdir()] == ["version_0"]
     assert logged_metrics(run_dir) == logged_metrics(reference[0])
+
+
+def assert_goodput_of_every_fault(records: list[dict], restarts: list[str]) -> None:
+    """The chaos job's goodput record against what the test did: each restart that trained is a line of
+    ``restarts.txt``; the two warm restarts' detection measured (SIGKILL: the peer's connection drops at once; SIGSTOP:
+    the 10 s process-group timeout, from the stopped rank's last heartbeat), the requeues' not (SLURM's, unseen);
+    each attempt resumed at or before the step the last one reached; the last finished the job's steps."""
+    summary = summarize(records)
+    said = [f"{record['restart']['what']}: {record['restart']['cause']}" for record in records if record["restart"]]
+    assert set(said) <= set(restarts) and 4 <= len(summary.restarts) <= 5, (said, restarts)
+    killed, stopped = (restart.detection_s for restart in summary.restarts if restart.detection_s is not None)
+    assert killed < 5 and 5 < stopped < 30, summary.restarts
+    assert all(after["start_step"] <= before["end_step"] for before, after in zip(records, records[1:], strict=False))
+    assert (records[-1]["outcome"], records[-1]["end_step"]) == ("finished", EPOCHS * STEPS_PER_EPOCH)
+    assert 0 < summary.training_s < summary.wall_s
+    print(f"chaos job: {one_line(summary)}")
 
 
 ELASTIC_FIT = ("--data.class_path", "sample_accounting.IndexedDigits", *slow(0.05))

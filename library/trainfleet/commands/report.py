@@ -9,7 +9,7 @@ from typing import Any
 
 from trainfleet import program
 from trainfleet.exit_codes import REFUSED_EXIT_CODE
-from trainfleet.runs.goodput import GOODPUT_FILE, Summary, read_records, restart_of, summarize
+from trainfleet.runs.goodput import GOODPUT_FILE, Summary, read_records, restart_of, slow_words, summarize
 
 # "training": from the first step on, its data waits and validation included (the table has the steps' own time).
 COLOURS = {"start-up": "#b0b0b0", "training": "#4c9a2a", "checkpoint stall": "#e8a33d", "restart gap": "#c0392b"}
@@ -58,6 +58,8 @@ def table(folder: Path, records: list[dict[str, Any]]) -> str:
     lines = [f"goodput record of {folder} ({attempts})", *totals(summary), "", ATTEMPT_HEADER, *attempt_rows(records)]
     if summary.restarts:
         lines += ["", RESTART_HEADER, *restart_rows(records)]
+    if summary.slow_ranks:
+        lines += ["", "slow ranks (own work a step: the wait for its batch and its forward)", *slow_rows(records)]
     return "\n".join(lines)
 
 
@@ -83,6 +85,19 @@ def restart_rows(records: list[dict[str, Any]]) -> list[str]:
         restart, what = restart_of(record), record["restart"].get("what")
         cause = f"{what}: {restart.cause}" if what else restart.cause
         rows.append(f"{number:<7}  {_seconds(restart.detection_s):>11}  {_seconds(restart.recovery_s):>10}  {cause}")
+    return rows
+
+
+def slow_rows(records: list[dict[str, Any]]) -> list[str]:
+    """One line per slow rank named: its figures, and the seconds from its attempt's first step to the naming."""
+    rows = []
+    for record in records:
+        for named in record.get("slow_ranks", []):
+            after = named["at"] - record["first_step"] if record.get("first_step") else None
+            rows.append(
+                f"{slow_words(named)}: {named['own_ms']:.1f} ms against {named['others_ms']:.1f} ms, named"
+                f" {_seconds(after)} s after its attempt's first step"
+            )
     return rows
 
 

@@ -11,12 +11,14 @@ read (``read_records``). ``summarize`` turns the lines into the run's figures; t
 The timing is rank 0's, from the hooks of ``Goodput``: a step is the time between its ``on_train_batch_start`` and
 ``on_train_batch_end`` (``time.perf_counter`` only: no collective, no host sync), a checkpoint stall the time the
 checkpoint IO blocked the caller (``AtomicCheckpointIO.stalls``, checkpoints/files.py), a restart's failure and the
-moment it was known come from the warm-restart supervisors (runtime/warm_restart.py), through the environment.
+moment it was known come from the warm-restart supervisors (runtime/warm_restart.py), through the environment, and
+the slow ranks from the preemption check's exchanges (runtime/slow_rank.py).
 """
 
 import json
 import math
 import os
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,8 +29,10 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from trainfleet.messages import first_line, report
 from trainfleet.runs import restarts
 from trainfleet.runs.summary import run_folder
+from trainfleet.runtime.slow_rank import StepTimes
 
 GOODPUT_FILE = "goodput.jsonl"
+SOURCE_LOCATION = re.compile(r"\[/[^\]\s]+:\d+\] ")
 CAUSE_CHARS = 60  # of a restart's cause in the fit's last line (the report shows it whole)
 
 _attempt_started: float | None = None  # set by the entry point, before its imports (``attempt_started``)
@@ -94,6 +98,7 @@ class Goodput(Callback):
             "outcome": outcome,
             "checkpoint_stalls": checkpoint_stalls(trainer)[self.stalls_before :],
             "restart": restart_record(self.restart),
+            "slow_ranks": slow_ranks(trainer),
         }
         self.start_step = None  # once an attempt: an exception after the end of training writes nothing more
         try:
@@ -105,6 +110,13 @@ class Goodput(Callback):
 def checkpoint_stalls(trainer: Trainer) -> list[tuple[float, float]]:
     """Each save's (start, seconds blocked) so far, where the checkpoint IO measures them (the template's own)."""
     return list(getattr(trainer.strategy.checkpoint_io, "stalls", []))
+
+
+def slow_ranks(trainer: Trainer) -> list[dict[str, Any]]:
+    """The slow ranks named during this attempt, by the callback that holds the step times (runtime/preemption.py's
+    check, which imports this package: found by what it holds, not imported)."""
+    held = (getattr(callback, "step_times", None) for callback in trainer.callbacks)
+    return [named for times in held if isinstance(times, StepTimes) for named in times.named]
 
 
 def restart_record(restart: tuple[str, str] | None) -> dict[str, Any] | None:
@@ -172,6 +184,7 @@ class Summary:
     stall_count: int
     stall_s: float
     steps_redone: int  # of the attempts that follow one with a record
+    slow_ranks: list[dict[str, Any]]  # each naming of a slow rank (runtime/slow_rank.py), oldest first
 
     @property
     def goodput(self) -> float:
@@ -189,6 +202,7 @@ def summarize(records: list[dict[str, Any]]) -> Summary:
         stall_count=len(stalls),
         stall_s=math.fsum(stalls),
         steps_redone=sum(steps_redone(before, after) for before, after in zip(records, records[1:], strict=False)),
+        slow_ranks=[named for record in records for named in record.get("slow_ranks", [])],
     )
 
 
@@ -222,11 +236,20 @@ def one_line(summary: Summary) -> str:
         parts.append(f"checkpoint stalls {_duration(summary.stall_s)}")
     if summary.steps_redone:
         parts.append(f"{summary.steps_redone} step{'s' if summary.steps_redone != 1 else ''} redone")
+    if summary.slow_ranks:
+        parts.append(f"slow: {', '.join(slow_words(named) for named in summary.slow_ranks[:2])}")
     return f"goodput {summary.goodput:.0%} ({'; '.join(parts)})"
+
+
+def slow_words(named: dict[str, Any]) -> str:
+    """``rank 1 (host b) 2.0x the others from step 8``."""
+    ratio = named["own_ms"] / named["others_ms"] if named["others_ms"] else math.inf
+    return f"rank {named['rank']} (host {named['host']}) {ratio:.1f}x the others from step {named['step']}"
 
 
 def _restart_words(restart: Restart) -> str:
     cause = restart.cause.partition(" (")[0]  # a hung rank's cause quotes its peer's error: the report has it
+    cause = SOURCE_LOCATION.sub("", cause)  # gloo's "[/__w/pytorch/.../pair.cc:561] ": torch's build tree, not ours
     cause = cause if len(cause) <= CAUSE_CHARS else cause[: CAUSE_CHARS - 3] + "..."
     times = [
         f"{what} {_duration(seconds)}"

@@ -223,7 +223,7 @@ class PreemptionCheck(Callback):
             exchanged[world + trainer.global_rank] = self.step_times.window_microseconds()
             dist.all_reduce(exchanged, group=self._group)
             flags, microseconds = exchanged[:world], exchanged[world:].tolist()
-            self.step_times.report(microseconds, self.check_every_n_steps, trainer.is_global_zero)
+            self.step_times.report(microseconds, self.check_every_n_steps, trainer.global_step, trainer.is_global_zero)
             stops = [flag & ~PERIODIC_FLAG for flag in flags.tolist()]
             if any(stops):  # the stop saves last.ckpt
                 self._stop(trainer, stops)

@@ -11,7 +11,8 @@ A rank's figure for a window is the median of its steps' own times: one step mad
 checkpoint save, a validation pass between two steps) does not move it, a rank slow on every step does. A rank is
 slow when its figure is above ``SLOW_RATIO`` x the median of the other ranks' and at least ``SLOW_MARGIN_S`` above
 it (a toy step's noise is a fraction of a millisecond), at ``SLOW_CHECKS`` checks in a row. Rank 0 then prints one
-line, once per slow episode: the rank stays named until a check finds it no longer slow.
+line, once per slow episode: the rank stays named until a check finds it no longer slow. Each naming is also kept
+(``named``) for the attempt's goodput record (runs/goodput.py).
 """
 
 import socket
@@ -39,13 +40,14 @@ class StepTimes:
         self._end: float | None = None  # the end of the previous step; None at the start of an epoch
         self._slow_checks: dict[int, int] = {}  # rank: consecutive checks found slow
         self._named: set[int] = set()  # ranks in a slow episode already printed
+        self.named: list[dict] = []  # each naming: rank, host, step, own and others' ms, when (for the goodput record)
 
     def gather_hosts(self, group: dist.ProcessGroup | None, world_size: int) -> None:
         """Once at setup, not per check: every rank's host name, for the line that names a slow rank."""
         hosts: list[str | None] = [None] * world_size
         dist.all_gather_object(hosts, socket.gethostname(), group=group)
         self.hosts = [str(host) for host in hosts]
-        self._times, self._slow_checks, self._named = [], {}, set()
+        self._times, self._slow_checks, self._named, self.named = [], {}, set(), []
 
     def epoch_start(self) -> None:
         """The first batch of an epoch waits for the loader's start (and whatever ran after the last epoch): not
@@ -73,8 +75,9 @@ class StepTimes:
         self._times = []
         return min(round(own * 1e6), MAX_MICROSECONDS)
 
-    def judge(self, microseconds: list[int], window_steps: int) -> list[str]:
-        """From every rank's figure, the lines naming the ranks newly slow for ``SLOW_CHECKS`` checks in a row."""
+    def judge(self, microseconds: list[int], window_steps: int, step: int = 0) -> list[str]:
+        """From every rank's figure at STEP, the lines naming the ranks newly slow for ``SLOW_CHECKS`` checks in a
+        row."""
         lines = []
         if len(microseconds) < 2:
             return lines
@@ -89,14 +92,16 @@ class StepTimes:
                 host = self.hosts[rank] if rank < len(self.hosts) else "?"
                 ratio = f"{own_us / others:.1f}x" if others else "the others at 0"
                 lines.append(
-                    f"rank {rank} (host {host}) is slow: {own_us / 1e3:.1f} ms of its own work a step (the wait for"
-                    f" its batch and its forward) against a median of {others / 1e3:.1f} ms on the other ranks"
-                    f" over the last {window_steps} steps ({ratio})"
+                    f"rank {rank} (host {host}) is slow at step {step}: {own_us / 1e3:.1f} ms of its own work a step"
+                    f" (the wait for its batch and its forward) against a median of {others / 1e3:.1f} ms on the"
+                    f" other ranks over the last {window_steps} steps ({ratio})"
                 )
+                named = {"rank": rank, "host": host, "step": step, "own_ms": own_us / 1e3, "others_ms": others / 1e3}
+                self.named.append({**named, "at": time.time()})
         return lines
 
-    def report(self, microseconds: list[int], window_steps: int, is_global_zero: bool) -> None:
+    def report(self, microseconds: list[int], window_steps: int, step: int, is_global_zero: bool) -> None:
         """Every rank keeps the verdict's state; rank 0 prints it."""
-        for line in self.judge(microseconds, window_steps):
+        for line in self.judge(microseconds, window_steps, step):
             if is_global_zero:
                 report(line)
