@@ -45,3 +45,19 @@ def test_data_benchmark_loads_the_same_images_through_both_data_paths():
     row = next(line for line in result.stdout.splitlines() if line.startswith("image-folder-1p-0w"))
     plain, template, ratio = map(float, row.split()[1:])
     assert plain > 0 and template > 0 and ratio == pytest.approx(template / plain, abs=0.01)
+
+
+@pytest.mark.parametrize(
+    ("module", "flags", "said"),
+    [
+        ("ledger", ["--nprocs", "1", "--steps", "150", "--rounds", "1", "--sides-only"], "| template / bare"),
+        ("step_cost", ["--steps", "150", "--repeats", "1"], "the template's own work:"),
+    ],
+)
+def test_the_benchmarks_that_build_the_template_in_their_own_process_run_it(module, flags, said):
+    """benchmarks/ledger.py and step_cost.py build the project's CLI in-process (the others start `python -m project`):
+    the template's project is named for them (benchmarks/__init__.py), as for the tests (conftest.py)."""
+    command = [sys.executable, "-m", f"benchmarks.{module}", *flags]
+    result = subprocess.run(command, cwd=LIBRARY, env=project_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert said in result.stdout

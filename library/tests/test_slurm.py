@@ -308,10 +308,15 @@ def test_a_job_hit_by_every_fault_heals_itself_and_ends_as_the_uninterrupted_one
         restarts, fault_at = len(restart_lines()), time.monotonic()
         action()
         deadline = time.monotonic() + 180
-        while len(restart_lines()) == restarts:  # the restarted run has resumed (it counts itself)
-            assert time.monotonic() < deadline, f"no restart after {fault}"
-            time.sleep(0.2)
-        recovered[fault] = round(wait_for_step(run_dir, saved_step(run_dir) + 1, timeout=180) - fault_at, 1)
+        try:
+            while len(restart_lines()) == restarts:  # the restarted run has resumed (it counts itself)
+                assert time.monotonic() < deadline, f"no restart after {fault}"
+                time.sleep(0.2)
+            recovered[fault] = round(wait_for_step(run_dir, saved_step(run_dir) + 1, timeout=180) - fault_at, 1)
+        except AssertionError as stalled:  # what the job printed and where SLURM has it: the cause, next time
+            shown = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
+            text = job_output(tmp_path / f"slurm-{job}.out")
+            raise AssertionError(f"{stalled}\n{shown}\n{text[-6000:]}") from None
 
     def restart_lines() -> list[str]:
         path = run_dir / "lightning_logs" / "version_0" / "restarts.txt"
@@ -373,7 +378,8 @@ def assert_goodput_of_every_fault(records: list[dict], restarts: list[str]) -> N
     summary = summarize(records)
     said = [f"{record['restart']['what']}: {record['restart']['cause']}" for record in records if record["restart"]]
     assert set(said) <= set(restarts) and 4 <= len(summary.restarts) <= 5, (said, restarts)
-    killed, stopped = (restart.detection_s for restart in summary.restarts if restart.detection_s is not None)
+    # (A requeued job's first step that failed, as the chaos test allows, adds a restart of its own after these two.)
+    killed, stopped = [restart.detection_s for restart in summary.restarts if restart.detection_s is not None][:2]
     assert killed < 5 and 5 < stopped < 30, summary.restarts
     assert all(after["start_step"] <= before["end_step"] for before, after in zip(records, records[1:], strict=False))
     assert (records[-1]["outcome"], records[-1]["end_step"]) == ("finished", EPOCHS * STEPS_PER_EPOCH)
