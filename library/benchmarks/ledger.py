@@ -1,7 +1,8 @@
 """The per-step cost ledger: what each of the template's per-step parts costs a training step, each told apart by
 switching it alone off (or on), on 1 and 2 processes.
 
-    python -m benchmarks.ledger --nprocs 1 2 --steps 400 --rounds 5 --write library/docs/performance.md
+    python -m benchmarks.ledger --nprocs 1 2 --steps 400 --rounds 5 --write docs/performance.md
+    python -m benchmarks.ledger --parts slow-rank --rounds 15      # one part, more rounds: a finer median
 
 On the digits MLP with in-memory batches and one thread per process (benchmarks/overhead.py's
 ``cpu-in-memory-*`` rows, whose template flags it takes: no logger, progress bar, scheduler or checkpoint
@@ -27,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
@@ -153,7 +155,7 @@ def work(args: argparse.Namespace) -> None:
     """One rank's rounds (every rank runs the same fits in the same order); rank 0 writes the times."""
     os.chdir(REPO)  # the benchmark's flags name configs/ relative to it
     sys.argv = sys.argv[:1]  # the CLI reads its arguments from fit(), not from this command line
-    names = [*SIDES, *(part.name for part in (() if args.sides_only else PARTS))]
+    names = [*SIDES, *(part.name for part in chosen_parts(args))]
     times: dict[str, list[float]] = {name: [] for name in names}
     for round_ in range(args.rounds):
         turn = round_ * len(names) // args.rounds  # each round starts elsewhere: no fit always follows the same one
@@ -162,6 +164,8 @@ def work(args: argparse.Namespace) -> None:
             times[name].append(fit(name, args.nprocs, args.steps, Path(args.workdir) / f"{round_}-{names.index(name)}"))
     if os.environ["RANK"] == "0":
         Path(args.output).write_text(json.dumps(times))
+    if dist.is_initialized():  # left to the interpreter's exit, a rank aborted once ("terminate called ...")
+        dist.destroy_process_group()
 
 
 def run_ranks(nprocs: int, args: argparse.Namespace, workdir: Path) -> dict[str, list[float]]:
@@ -172,6 +176,7 @@ def run_ranks(nprocs: int, args: argparse.Namespace, workdir: Path) -> dict[str,
     command = [sys.executable, "-m", "benchmarks.ledger", "--worker", "--nprocs", str(nprocs)]
     command += ["--steps", str(args.steps), "--rounds", str(args.rounds), "--output", str(output)]
     command += ["--workdir", str(workdir / f"{nprocs}p")] + (["--sides-only"] if args.sides_only else [])
+    command += ["--parts", *args.parts] if args.parts else []
     log_path = workdir / f"{nprocs}p.log"
     with open(log_path, "w") as log:
         procs = [
@@ -184,6 +189,13 @@ def run_ranks(nprocs: int, args: argparse.Namespace, workdir: Path) -> dict[str,
     if any(codes):
         sys.exit(f"the {nprocs}-process ledger exited {codes}:\n{log_path.read_text()[-4000:]}")
     return json.loads(output.read_text())
+
+
+def chosen_parts(args: argparse.Namespace) -> list[Part]:
+    """Every part, none (``--sides-only``), or those whose names hold one of ``--parts``' words."""
+    if args.sides_only:
+        return []
+    return [part for part in PARTS if not args.parts or any(word in part.name for word in args.parts)]
 
 
 def measured(found: dict[str, object]) -> list[Part]:
@@ -239,6 +251,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=400, help=f"steps per fit, the warm-up's {WARM_UP_STEPS} included")
     parser.add_argument("--rounds", type=int, default=5, help="fits of each side and part (medians)")
     parser.add_argument("--sides-only", action="store_true", help="bare, peer and template alone: their ratios sooner")
+    parser.add_argument("--parts", nargs="+", metavar="WORDS", help="only the parts whose names hold these words")
     parser.add_argument("--write", metavar="DOC", help="write the table between the ledger's markers in DOC")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--output", help=argparse.SUPPRESS)

@@ -1,6 +1,6 @@
-"""Callback hooks that no callback overrides are skipped for the template's trainers (lightning_internals.py): the
-overridden ones run as before, every time, and a trainer the template did not build, or one that profiles, is
-Lightning's own."""
+"""A callback hook is called on the callbacks that override it only, for the template's trainers
+(lightning_internals.py): the overridden ones run as before, every time, with the hook's name set for their
+``self.log``; a trainer the template did not build, or one that profiles, is Lightning's own."""
 
 import weakref
 from collections import Counter
@@ -9,7 +9,6 @@ import pytest
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.profilers import SimpleProfiler
-from lightning.pytorch.trainer import call
 
 from trainfleet import lightning_internals as internals
 
@@ -39,26 +38,32 @@ class CountsBackward(Callback):
         self.calls += 1
 
 
-def fit(
-    monkeypatch: pytest.MonkeyPatch, skip: bool, **trainer_args: object
-) -> tuple[Counter, list[Callback], weakref.ref]:
-    """Fits Tiny with three callbacks (and a progress bar, which holds the trainer); the hooks Lightning dispatched to
-    the callbacks, counted by name, the callbacks, and a weak reference to the trainer."""
-    dispatched: Counter = Counter()
-    original = internals._call_callback_hooks
+class LogsAtBatchEnd(Callback):
+    """``self.log`` from a callback's hook: Lightning checks it against the hook its loop says is running."""
 
-    def counting(trainer: Trainer, hook_name: str, *args: object, **kwargs: object) -> None:
-        dispatched[hook_name] += 1
-        original(trainer, hook_name, *args, **kwargs)
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: object) -> None:
+        pl_module.log("logged_by_a_callback", float(trainer.global_step))
 
-    monkeypatch.setattr(internals, "_call_callback_hooks", counting)
-    monkeypatch.setattr(
-        call, "_call_callback_hooks", counting
-    )  # restored by monkeypatch when the patch below replaces it
+
+class Watched(Callback):
+    """Overrides nothing; counts the look-ups of its hooks (Lightning's loop looks each one up at every call)."""
+
+    def __init__(self) -> None:
+        self.looked_up: Counter = Counter()
+
+    def __getattribute__(self, name: str) -> object:
+        if name.startswith("on_"):
+            object.__getattribute__(self, "looked_up")[name] += 1
+        return object.__getattribute__(self, name)
+
+
+def fit(skip: bool, **trainer_args: object) -> tuple[list[Callback], weakref.ref]:
+    """Fits Tiny with five callbacks (and a progress bar, which holds the trainer); the callbacks, and a weak
+    reference to the trainer."""
     by_instance = Callback()
     by_instance.calls = 0
     by_instance.on_after_backward = lambda *args: setattr(by_instance, "calls", by_instance.calls + 1)
-    callbacks = [CountsBackward(), by_instance, Callback()]
+    callbacks = [CountsBackward(), by_instance, LogsAtBatchEnd(), Watched(), Callback()]
     trainer = Trainer(
         max_steps=STEPS, logger=False, enable_checkpointing=False, enable_model_summary=False, callbacks=callbacks,
         **trainer_args,
@@ -66,23 +71,26 @@ def fit(
     if skip:
         internals.skip_idle_callback_hooks(trainer)
     trainer.fit(Tiny())
-    return dispatched, callbacks, weakref.ref(trainer)
+    assert trainer.callback_metrics["logged_by_a_callback"] == STEPS  # its hook's name was set around its call
+    return callbacks, weakref.ref(trainer)
 
 
-def test_a_hook_no_callback_overrides_is_skipped_and_every_overridden_one_runs_each_time(monkeypatch):
-    dispatched, callbacks, trainer = fit(monkeypatch, skip=True)
-    by_class, by_instance = callbacks[:2]
+def test_each_hook_is_called_on_the_callbacks_that_override_it_only_and_every_time():
+    callbacks, trainer = fit(skip=True)
+    by_class, by_instance, _, watched, *_ = callbacks
     assert by_class.calls == STEPS and by_instance.calls == STEPS  # overridden on the class and on an instance
-    assert dispatched["on_before_backward"] == dispatched["on_after_backward"] == STEPS
-    assert dispatched["on_before_zero_grad"] == dispatched["on_before_optimizer_step"] == 0  # nobody overrides them
-    seen, idle = internals._idle_hooks[trainer()]  # what is kept per trainer: ids and flags, no object that could
-    assert seen == tuple(map(id, trainer().callbacks))  # hold it alive (a progress bar holds its trainer)
-    assert all(type(value) is bool for value in idle.values())
+    # A callback that overrides nothing is looked at once per hook (which callbacks override it), not once a call.
+    assert watched.looked_up["on_before_backward"] == watched.looked_up["on_before_optimizer_step"] == 1
+    assert watched.looked_up["on_train_batch_end"] == 1
+    seen, overriding = internals._idle_hooks[trainer()]  # what is kept per trainer: ids and positions, no object
+    assert seen == tuple(map(id, trainer().callbacks))  # that could hold it alive (a progress bar holds its trainer)
+    assert all(type(position) is int for positions in overriding.values() for position in positions)
+    assert overriding["on_before_backward"] == (0,) and overriding["on_before_zero_grad"] == ()
 
 
 @pytest.mark.parametrize("trainer_args", [{}, {"profiler": SimpleProfiler()}], ids=["not-the-templates", "profiling"])
-def test_a_trainer_the_template_did_not_build_or_one_that_profiles_dispatches_every_hook(monkeypatch, trainer_args):
-    skip = "profiler" in trainer_args
-    dispatched, (by_class, by_instance, *_), _ = fit(monkeypatch, skip=skip, **trainer_args)
+def test_a_trainer_the_template_did_not_build_or_one_that_profiles_calls_every_callback(trainer_args):
+    callbacks, _ = fit(skip="profiler" in trainer_args, **trainer_args)
+    by_class, by_instance, _, watched, *_ = callbacks
     assert by_class.calls == by_instance.calls == STEPS
-    assert dispatched["on_before_optimizer_step"] == dispatched["on_before_zero_grad"] == STEPS
+    assert watched.looked_up["on_before_optimizer_step"] == watched.looked_up["on_before_zero_grad"] == STEPS

@@ -202,6 +202,15 @@ def test_sigterm_on_one_host_stops_both_at_one_step_and_resumes_across_hosts_to_
     assert "Restoring states from the checkpoint path" in resumed[0]  # rank 0 says so for both
     assert_trained_at_world_size_two(run_dir)
     assert_same_weights(last_weights(run_dir), last_weights(env_nodes[0][0]))  # as if never stopped
+    # The goodput record of a run launched by environment variables: the stopped attempt, then its resume by hand.
+    records = read_records(run_folder(run_dir))
+    assert [(record["start_step"], record["end_step"], record["outcome"]) for record in records] == [
+        (0, 16, "stopped"), (16, records[-1]["end_step"], "finished")
+    ]  # fmt: skip
+    assert summarize(records).steps_redone == 0
+    shown = run_project("report", str(run_folder(run_dir)), cwd=REPO)
+    assert shown.returncode == 0 and "2 attempts" in shown.stdout, shown.stderr
+    assert (run_folder(run_dir) / "goodput.png").stat().st_size > 0
 
 
 @pytest.mark.slow

@@ -29,7 +29,6 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from trainfleet.messages import first_line, report
 from trainfleet.runs import restarts
 from trainfleet.runs.summary import run_folder
-from trainfleet.runtime.slow_rank import StepTimes
 
 GOODPUT_FILE = "goodput.jsonl"
 SOURCE_LOCATION = re.compile(r"\[/[^\]\s]+:\d+\] ")
@@ -113,10 +112,10 @@ def checkpoint_stalls(trainer: Trainer) -> list[tuple[float, float]]:
 
 
 def slow_ranks(trainer: Trainer) -> list[dict[str, Any]]:
-    """The slow ranks named during this attempt, by the callback that holds the step times (runtime/preemption.py's
-    check, which imports this package: found by what it holds, not imported)."""
+    """The slow ranks named during this attempt: ``StepTimes.named`` (runtime/slow_rank.py) of the callback that holds
+    the step times, the preemption check (runs/ does not import runtime/: found by its attribute)."""
     held = (getattr(callback, "step_times", None) for callback in trainer.callbacks)
-    return [named for times in held if isinstance(times, StepTimes) for named in times.named]
+    return [named for times in held for named in getattr(times, "named", [])]
 
 
 def restart_record(restart: tuple[str, str] | None) -> dict[str, Any] | None:
