@@ -120,18 +120,24 @@ class PreemptionCheck(Callback):
         if stage == "fit":
             self.install(trainer)
 
+    # The step times only where there are other ranks to compare with (one process keeps no growing list of them).
+
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self.step_times.epoch_start()
+        if self._group is not None:
+            self.step_times.epoch_start()
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
-        self.step_times.batch_start()
+        if self._group is not None:
+            self.step_times.batch_start()
 
     def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss: torch.Tensor) -> None:
-        self.step_times.before_backward()
+        if self._group is not None:
+            self.step_times.before_backward()
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
         self.after_step(trainer)
-        self.step_times.batch_end()  # after the check: its save and exchange are not this rank's own work
+        if self._group is not None:  # after the check: its save and exchange are not this rank's own work
+            self.step_times.batch_end()
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         if isinstance(exception, (Interrupted, KeyboardInterrupt)):  # Ctrl-C again, or before the first step
