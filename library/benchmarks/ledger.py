@@ -259,6 +259,10 @@ def parse_args() -> argparse.Namespace:
     args = parser.parse_args()
     if args.steps <= WARM_UP_STEPS:
         parser.error(f"--steps must be above the warm-up's {WARM_UP_STEPS}")
+    if unmatched := [word for word in args.parts or [] if not any(word in part.name for part in PARTS)]:
+        parser.error(f"--parts: no part's name holds {', '.join(unmatched)}")
+    if args.write and (args.parts or args.sides_only):
+        parser.error("--write rewrites the whole ledger: measure every part (no --parts, no --sides-only)")
     return args
 
 

@@ -192,10 +192,10 @@ def refusing_listener(node: int | None) -> Iterator[None]:
         def __init__(self) -> None:
             super().__init__()
             if threading.current_thread().name == f"node-{node}":
-                host = self.address()[0]
+                host, family = self.address()[0], self.socket.family
                 self.close()
-                self.socket = socket.socket()
-                self.socket.bind(("0.0.0.0", 0))  # on every address: no other node's listener gets this port
+                self.socket = socket.socket(family)
+                self.socket.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", 0))  # no listener gets this port
                 self.address = lambda: [host, self.socket.getsockname()[1]]
 
     rendezvous.Listener = Refusing

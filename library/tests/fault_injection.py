@@ -83,7 +83,8 @@ class SlowRank(Callback):
         self.seconds, self.rank, self.others = seconds, rank, others
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, *args: object) -> None:
-        time.sleep(self.seconds if trainer.global_rank == self.rank else self.others)
+        if seconds := self.seconds if trainer.global_rank == self.rank else self.others:
+            time.sleep(seconds)
 
 
 COLLECTIVES = (

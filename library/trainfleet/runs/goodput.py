@@ -236,7 +236,8 @@ def one_line(summary: Summary) -> str:
     if summary.steps_redone:
         parts.append(f"{summary.steps_redone} step{'s' if summary.steps_redone != 1 else ''} redone")
     if summary.slow_ranks:
-        parts.append(f"slow: {', '.join(slow_words(named) for named in summary.slow_ranks[:2])}")
+        more = f", and {len(summary.slow_ranks) - 2} more" if len(summary.slow_ranks) > 2 else ""
+        parts.append(f"slow: {', '.join(slow_words(named) for named in summary.slow_ranks[:2])}{more}")
     return f"goodput {summary.goodput:.0%} ({'; '.join(parts)})"
 
 

@@ -148,7 +148,7 @@ class PreemptionCheck(Callback):
     def install(self, trainer: Trainer) -> None:
         """In ``setup("fit")`` on every rank: after the process group, before Lightning registers handlers."""
         EarlyInterrupt.disarm()  # Ctrl-C is this check's from now on
-        self.signalled, self._steps, self._launched = 0, 0, []
+        self.signalled, self._steps, self._launched, self._group = 0, 0, [], None
         self._pid, self._announce = os.getpid(), trainer.local_rank == 0  # a terminal's Ctrl-C reaches local rank 0
         self._previous_sigint = signal.getsignal(signal.SIGINT)
         # SIGINT ignored (a background job, nohup) stays ignored, as Python leaves it; signals go to the main thread.

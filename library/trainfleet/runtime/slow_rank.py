@@ -39,7 +39,7 @@ class StepTimes:
         self._forward: float | None = None
         self._end: float | None = None  # the end of the previous step; None at the start of an epoch
         self._slow_checks: dict[int, int] = {}  # rank: consecutive checks found slow
-        self._named: set[int] = set()  # ranks in a slow episode already printed
+        self._in_episode: set[int] = set()  # ranks in a slow episode already printed
         self.named: list[dict] = []  # each naming: rank, host, step, own and others' ms, when (for the goodput record)
 
     def gather_hosts(self, group: dist.ProcessGroup | None, world_size: int) -> None:
@@ -47,7 +47,7 @@ class StepTimes:
         hosts: list[str | None] = [None] * world_size
         dist.all_gather_object(hosts, socket.gethostname(), group=group)
         self.hosts = [str(host) for host in hosts]
-        self._times, self._slow_checks, self._named, self.named = [], {}, set(), []
+        self._times, self._slow_checks, self._in_episode, self.named = [], {}, set(), []
 
     def epoch_start(self) -> None:
         """The first batch of an epoch waits for the loader's start (and whatever ran after the last epoch): not
@@ -75,7 +75,7 @@ class StepTimes:
         self._times = []
         return min(round(own * 1e6), MAX_MICROSECONDS)
 
-    def judge(self, microseconds: list[int], window_steps: int, step: int = 0) -> list[str]:
+    def judge(self, microseconds: list[int], window_steps: int, step: int) -> list[str]:
         """From every rank's figure at STEP, the lines naming the ranks newly slow for ``SLOW_CHECKS`` checks in a
         row."""
         lines = []
@@ -86,9 +86,9 @@ class StepTimes:
             slow = own_us > SLOW_RATIO * others and own_us - others >= SLOW_MARGIN_S * 1e6
             self._slow_checks[rank] = self._slow_checks.get(rank, 0) + 1 if slow else 0
             if not slow:
-                self._named.discard(rank)  # the episode ended: a later one is printed again
-            elif self._slow_checks[rank] >= SLOW_CHECKS and rank not in self._named:
-                self._named.add(rank)
+                self._in_episode.discard(rank)  # the episode ended: a later one is printed again
+            elif self._slow_checks[rank] >= SLOW_CHECKS and rank not in self._in_episode:
+                self._in_episode.add(rank)
                 host = self.hosts[rank] if rank < len(self.hosts) else "?"
                 ratio = f"{own_us / others:.1f}x" if others else "the others at 0"
                 lines.append(
