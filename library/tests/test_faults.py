@@ -398,6 +398,19 @@ def test_a_slow_rank_is_named_after_two_checks_in_a_row_once_an_episode_and_neve
         assert times.judge([1000, 4000, 1000], 50, 350) == []
 
 
+def test_the_step_times_are_kept_only_once_there_are_other_ranks_to_compare_with():
+    def steps(count: int) -> None:
+        for _ in range(count):
+            times.batch_start(), time.sleep(0.002), times.before_backward(), times.batch_end()
+
+    times = StepTimes()  # one process: no hosts gathered, no check to empty the window
+    steps(3)
+    assert times.window_microseconds() == 0
+    times.hosts = ["a", "b"]
+    steps(3)
+    assert 2_000 <= times.window_microseconds() < 1_000_000 and times.window_microseconds() == 0  # emptied by the read
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("slowed", "others"), [(0.02, 0.0), (0.04, 0.02)], ids=["5x", "2x"])
 def test_a_rank_slow_on_every_step_is_named_once_with_its_host_by_the_periodic_exchange(tmp_path, slowed, others):

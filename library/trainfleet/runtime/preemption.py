@@ -120,24 +120,18 @@ class PreemptionCheck(Callback):
         if stage == "fit":
             self.install(trainer)
 
-    # The step times only where there are other ranks to compare with (one process keeps no growing list of them).
-
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if self._group is not None:
-            self.step_times.epoch_start()
+        self.step_times.epoch_start()
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
-        if self._group is not None:
-            self.step_times.batch_start()
+        self.step_times.batch_start()
 
     def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss: torch.Tensor) -> None:
-        if self._group is not None:
-            self.step_times.before_backward()
+        self.step_times.before_backward()
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
         self.after_step(trainer)
-        if self._group is not None:  # after the check: its save and exchange are not this rank's own work
-            self.step_times.batch_end()
+        self.step_times.batch_end()  # after the check: its save and exchange are not this rank's own work
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         if isinstance(exception, (Interrupted, KeyboardInterrupt)):  # Ctrl-C again, or before the first step
@@ -149,6 +143,7 @@ class PreemptionCheck(Callback):
         """In ``setup("fit")`` on every rank: after the process group, before Lightning registers handlers."""
         EarlyInterrupt.disarm()  # Ctrl-C is this check's from now on
         self.signalled, self._steps, self._launched, self._group = 0, 0, [], None
+        self.step_times = StepTimes()  # this fit's: its hosts, once gathered, and the slow ranks it names
         self._pid, self._announce = os.getpid(), trainer.local_rank == 0  # a terminal's Ctrl-C reaches local rank 0
         self._previous_sigint = signal.getsignal(signal.SIGINT)
         # SIGINT ignored (a background job, nohup) stays ignored, as Python leaves it; signals go to the main thread.

@@ -47,7 +47,6 @@ class StepTimes:
         hosts: list[str | None] = [None] * world_size
         dist.all_gather_object(hosts, socket.gethostname(), group=group)
         self.hosts = [str(host) for host in hosts]
-        self._times, self._slow_checks, self._in_episode, self.named = [], {}, set(), []
 
     def epoch_start(self) -> None:
         """The first batch of an epoch waits for the loader's start (and whatever ran after the last epoch): not
@@ -63,8 +62,9 @@ class StepTimes:
             self._forward = time.perf_counter() - self._start
 
     def batch_end(self) -> None:
-        """After the step's own work and the check (whose save and exchange are not this rank's own work)."""
-        if self._start is not None and self._forward is not None:
+        """After the step's own work and the check (whose save and exchange are not this rank's own work). Kept only
+        once the hosts are gathered: one process has no other rank to compare with, and no check to empty the list."""
+        if self.hosts and self._start is not None and self._forward is not None:
             waited = self._start - self._end if self._end is not None else 0.0
             self._times.append(waited + self._forward)
         self._start, self._end = None, time.perf_counter()
