@@ -134,7 +134,7 @@ class FSDP2Strategy(MeetsFirst, ModelParallelStrategy):
         partial = path.with_name(f".{path.name}.partial")
         if self.global_rank == 0:  # no barrier after: DCP's plan, scattered by rank 0, comes before any rank writes
             shutil.rmtree(partial, ignore_errors=True)
-            partial.mkdir(parents=True)
+            partial.mkdir(parents=True, exist_ok=True)  # another rank's DCP writer makes it too, before the plan
         state = {"state_dict": checkpoint.pop("state_dict")}
         state.update({f"optimizer_{i}": s for i, s in enumerate(checkpoint.pop("optimizer_states", []))})
         if self.global_rank == 0:
